@@ -1,0 +1,85 @@
+"""Named refusals raised by the core.
+
+Every refusal masd makes carries a stable ``code`` (what kind of refusal) and
+a ``detail`` (what exactly was refused and why: the part, the field, the
+value).  Edges map codes to LMTP replies, HTTP statuses or exit codes; they
+never show a traceback to a peer.
+
+    MasdError
+    ├── AddressError        a recipient that is not a MAS address here
+    ├── ConfigError         a configuration key with a bad value
+    ├── EventError          a message that cannot become a gateway event
+    ├── TransitionError     a status the table does not allow (invalid-transition)
+    └── WireError           a contract message that is refused (HTTP 4xx)
+"""
+
+from __future__ import annotations
+
+
+class MasdError(Exception):
+    """Base of every named refusal: ``code`` is stable, ``detail`` is for people."""
+
+    code: str = "error"
+
+    def __init__(self, detail: str, *, code: str | None = None) -> None:
+        super().__init__(detail)
+        if code is not None:
+            self.code = code
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.detail}"
+
+
+class AddressError(MasdError):
+    """A recipient address that masd refuses (PROFILE §1).
+
+    ``part`` names the part of the address at fault: ``address``, ``local``,
+    ``type``, ``id``, ``mode`` or ``domain``.  ``code`` is ``unknown-domain``
+    when the domain is not configured here (LMTP ``550 5.1.2``) and
+    ``bad-address`` otherwise (LMTP ``550 5.1.1``).
+    """
+
+    code = "bad-address"
+
+    def __init__(self, detail: str, *, part: str, code: str | None = None) -> None:
+        super().__init__(detail, code=code)
+        self.part = part
+
+
+class ConfigError(MasdError):
+    """A configuration error; ``path`` is the dotted key path at fault."""
+
+    code = "bad-config"
+
+    def __init__(self, detail: str, *, path: str = "") -> None:
+        super().__init__(detail)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.detail}" if self.path else self.detail
+
+
+class EventError(MasdError):
+    """A message that cannot be turned into a gateway event (PROFILE §12)."""
+
+    code = "bad-message"
+
+
+class TransitionError(MasdError):
+    """A handoff status the status machine does not allow (CONTRACT §4)."""
+
+    code = "invalid-transition"
+
+
+class WireError(MasdError):
+    """A contract message refused with an HTTP status (PROFILE §6).
+
+    ``status`` is the HTTP status, ``code`` the contract's ``error`` value.
+    """
+
+    code = "invalid-message"
+
+    def __init__(self, detail: str, *, code: str = "invalid-message", status: int = 400) -> None:
+        super().__init__(detail, code=code)
+        self.status = status
