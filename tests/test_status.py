@@ -18,7 +18,15 @@ TERMINAL = set(TABLE["terminal"])
 # The contract's table, written out once more by hand: the JSON must say the same.
 CONTRACT_TABLE = {
     NEW: {"requested"},
-    "requested": {"negotiating", "scheduled", "running", "refused", "failed", "cancelled", "timed-out"},
+    "requested": {
+        "negotiating",
+        "scheduled",
+        "running",
+        "refused",
+        "failed",
+        "cancelled",
+        "timed-out",
+    },
     "negotiating": {"negotiating", "scheduled", "refused", "expired", "cancelled", "timed-out"},
     "scheduled": {"running", "attempted", "expired", "cancelled", "timed-out"},
     "attempted": {"scheduled", "failed", "expired", "cancelled", "timed-out"},
