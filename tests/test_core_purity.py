@@ -11,6 +11,9 @@ from pathlib import Path
 import masd.core
 
 FORBIDDEN = {"asyncio", "sqlite3", "httpx", "aiosmtpd", "sqlite_utils", "aiohttp", "socket"}
+#: The stdlib email package (allowed in the core) imports socket itself, for
+#: email.utils.make_msgid; the core's own sources still may not.
+LOADED_FORBIDDEN = FORBIDDEN - {"socket"}
 CORE = Path(masd.core.__file__).parent
 
 
@@ -36,7 +39,7 @@ def test_importing_the_core_loads_nothing_forbidden() -> None:
     script = (
         "import sys\n"
         + "".join(f"import {m}\n" for m in modules)
-        + f"print(sorted(set(sys.modules) & set({sorted(FORBIDDEN)!r})))\n"
+        + f"print(sorted(set(sys.modules) & set({sorted(LOADED_FORBIDDEN)!r})))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,148 @@
+"""``masd check-config``: through click's CliRunner and as a real ``python -m masd``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from masd import __version__
+from masd.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "packaging" / "masd.toml.example"
+T = 'domains."help.example".types.ticket'
+C = 'domains."help.example".types.case'
+
+
+@pytest.fixture
+def example_copy(tmp_path: Path) -> Path:
+    """The example and its secrets, copied with 0600 token files (a checkout may not keep them)."""
+    shutil.copytree(ROOT / "packaging" / "secrets-example", tmp_path / "secrets-example")
+    for token in (tmp_path / "secrets-example").glob("*.token"):
+        token.chmod(0o600)
+    copy = tmp_path / "masd.toml"
+    shutil.copyfile(EXAMPLE, copy)
+    return copy
+
+
+def break_example(path: Path) -> None:
+    """Three errors in one file: a bad role, a bad deadline, an unknown key."""
+    text = path.read_text()
+    for old, new in [
+        ('role = "slave"', 'role = "boss"'),
+        ('deadline = "2h"', 'deadline = "2 hours"'),
+        ('modes = ["callback"]', 'mdoes = ["callback"]\nmodes = ["callback"]'),
+    ]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path.write_text(text)
+
+
+BROKEN_ERRORS = [
+    f"{T}.mdoes: unknown key",
+    f'{T}.endpoints.callback.deadline: "2 hours" is not a duration (30s, 15m, 2h, 3d)',
+    f'{C}.role: "boss" is not "master" or "slave"',
+]
+
+
+def test_example_passes(example_copy: Path) -> None:
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    out = result.stdout
+    assert out.startswith(f"{example_copy}: OK\n")
+    for expected in [
+        "lmtp      unix:/run/masd/lmtp.sock",
+        "http      127.0.0.1:8025  (public URL http://127.0.0.1:8025)",
+        "database  /var/lib/masd/masd.db",
+        "domain help.example (no DKIM)",
+        "ticket: master, ids gs-<n>",
+        "!callback -> http://127.0.0.1:9001/mas  deadline 2h, fields phone, time",
+        "case: slave, master http://127.0.0.1:9002/mas",
+        "policy: autonomous_send no, transfers block",
+        "webhook http://127.0.0.1:9003/  fields phone",
+    ]:
+        assert expected in out
+    assert len(out.splitlines()) <= 24  # one screen
+
+
+def test_the_example_in_place_passes() -> None:
+    """The shipped file passes as is (warnings allowed: a checkout may widen token modes)."""
+    result = CliRunner().invoke(main, ["check-config", str(EXAMPLE)])
+    assert result.exit_code == 0, result.output
+    assert all(line.startswith("warning: ") for line in result.stderr.splitlines())
+
+
+def test_warnings_come_before_the_summary(example_copy: Path) -> None:
+    token = example_copy.parent / "secrets-example" / "crm.token"
+    token.chmod(0o640)
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"warning: {C}.master.token_file: {token} is readable by group or others (mode 0640); "
+        "chmod 600 it\n"
+    )
+    assert result.output.index("warning:") < result.output.index(": OK")
+
+
+def test_broken_example_prints_every_error(example_copy: Path) -> None:
+    break_example(example_copy)
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [*BROKEN_ERRORS, f"masd: 3 errors in {example_copy}"]
+
+
+def test_missing_file_is_a_named_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    result = CliRunner().invoke(main, ["check-config", str(missing)])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"{missing}: cannot read: No such file or directory",
+        f"masd: 1 error in {missing}",
+    ]
+
+
+def test_bad_toml_names_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "masd.toml"
+    path.write_text("[server]\nlmtp = = 1\n")
+    result = CliRunner().invoke(main, ["check-config", str(path)])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[0] == f"{path}:2:8: invalid TOML: Invalid value"
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout == f"masd, version {__version__}\n"
+
+
+def run_module(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masd", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_python_dash_m_masd_passes_the_example(example_copy: Path) -> None:
+    done = run_module("check-config", str(example_copy))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.startswith(f"{example_copy}: OK\n")
+
+
+def test_python_dash_m_masd_fails_a_broken_copy(example_copy: Path) -> None:
+    break_example(example_copy)
+    done = run_module("check-config", str(example_copy))
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [*BROKEN_ERRORS, f"masd: 3 errors in {example_copy}"]
