@@ -1,0 +1,440 @@
+"""The role engine: pure decisions from (state, input, now) to effects.
+
+masd's edges turn what happens outside (a mail over LMTP, a contract message
+over HTTP, a deadline, an outbox delivery that failed) into an *input*, load
+the case's *state* from the store, and call one function of this module.  It
+answers with *effects*: plain values saying what to record and what to send.
+The store applies them in the same transaction that recorded the input, so
+an input and all its effects are committed together or not at all.
+
+Nothing here does I/O, reads a clock or draws random numbers: ``now`` and
+fresh ids come in through :class:`Context`.
+
+Effects::
+
+    CreateCase      a new case (and its address)
+    Thread          an entry in the case's thread (PROFILE §11 kinds)
+    OpenHandoff     a new handoff, its mode endpoint and deadline
+    Status          a handoff status, checked against the table (CONTRACT §4)
+    SendContract    a contract message into the outbox (PROFILE §7)
+    SendMail        a mail to a recorded sender, through Principle 10 (CONTRACT §6)
+    AbandonRequest  give up an undelivered handoff.request (PROFILE §8)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from masd.core import texts
+from masd.core.address import Address
+from masd.core.details import find_fields
+from masd.core.errors import WireError
+from masd.core.event import ParsedMail
+from masd.core.status import MACHINE
+from masd.core.wire import CaseRef, HandoffCancel, HandoffStatus, envelope
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class HandoffView:
+    """A handoff as the store has it."""
+
+    handoff_id: str
+    case_key: str
+    mode: str
+    peer: str  # the peer it was sent to: only that peer may post its statuses
+    url: str | None
+    status: str
+    last_seq: int | None
+    needs: tuple[str, ...] = ()
+    forwarded: bool = True
+
+    @property
+    def closed(self) -> bool:
+        return MACHINE.is_terminal(self.status)
+
+
+@dataclass(frozen=True)
+class CaseView:
+    """A case as the store has it, with its open handoff if any."""
+
+    key: str
+    address: str
+    domain: str
+    type: str
+    id: str
+    role: Literal["master", "slave"]
+    participant: str
+    open_handoff: HandoffView | None = None
+
+    @property
+    def ref(self) -> CaseRef:
+        return CaseRef(self.address, self.key)
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    """What the engine needs of a configured mode endpoint."""
+
+    peer: str
+    url: str
+    deadline: float
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TypeView:
+    """What the engine needs of a resource type's configuration."""
+
+    role: Literal["master", "slave"]
+    modes: frozenset[str]
+    endpoints: Mapping[str, EndpointView]
+    acknowledge: bool
+    require_dmarc_for_handoff: bool
+    id_prefix: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything from outside the input: the time, fresh ids, where statuses go."""
+
+    now: float
+    new_id: Callable[[], str]  # a fresh random id (handoff ids, message ids)
+    status_url: str
+
+
+# --------------------------------------------------------------------------- effects
+
+
+@dataclass(frozen=True)
+class CreateCase:
+    case: CaseView
+
+
+@dataclass(frozen=True)
+class Thread:
+    kind: Literal[
+        "mail.in",
+        "mail.out",
+        "mail.refused",
+        "status",
+        "contract.in",
+        "contract.out",
+        "delivery.failed",
+    ]
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class OpenHandoff:
+    handoff_id: str
+    mode: str
+    peer: str
+    url: str | None
+    deadline_at: float | None
+    details: Mapping[str, str]
+    forwarded: bool = True
+
+
+@dataclass(frozen=True)
+class Status:
+    handoff_id: str
+    status: str
+    seq: int | None
+    source: Literal["email", "mode"]
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SendContract:
+    peer: str
+    url: str
+    message: Mapping[str, Any]
+    handoff_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SendMail:
+    """A mail to the sender of a recorded message (the participant's latest
+    mail on the case when ``reply_to`` is None).  ``auto_submitted`` marks
+    mails email writes itself (PROFILE §4)."""
+
+    purpose: Literal["acknowledge", "question", "resume", "reply"]
+    body: str
+    subject: str | None = None
+    reply_to: str | None = None
+    auto_submitted: bool = True
+
+
+@dataclass(frozen=True)
+class AbandonRequest:
+    handoff_id: str
+
+
+Effect = CreateCase | Thread | OpenHandoff | Status | SendContract | SendMail | AbandonRequest
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An HTTP answer and the effects behind it."""
+
+    status: int
+    body: Mapping[str, Any]
+    effects: Sequence[Effect] = ()
+
+
+OK: Mapping[str, Any] = {"ok": True}
+STALE: Mapping[str, Any] = {"ok": True, "ignored": "stale"}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def same_address(a: str, b: str) -> bool:
+    """Mail addresses compared as masd records them (case-insensitive)."""
+    return a.strip().lower() == b.strip().lower()
+
+
+def may_steer(mail: ParsedMail, case: CaseView | None, typ: TypeView) -> bool:
+    """PROFILE §3: "Steering a case needs an authenticated, non-automated
+    sender. A !MODE request from anyone else, or on an existing case from
+    anyone but its participant, is recorded and refused with reason blocked"."""
+    if mail.automation.is_automated:
+        return False
+    if typ.require_dmarc_for_handoff and not mail.auth.authenticated:
+        return False
+    return case is None or same_address(mail.event.from_address, case.participant)
+
+
+# --------------------------------------------------------------------------- master role
+
+
+def master_mail(
+    case: CaseView | None,
+    address: Address,
+    mail: ParsedMail,
+    typ: TypeView,
+    ctx: Context,
+    *,
+    new_case_id: str,
+) -> list[Effect]:
+    """A mail delivered to a master-role address (CONTRACT §3.1, PROFILE §2-§5).
+
+    ``case`` is None for an intake address (``type@D``, ``type!mode@D``): the
+    mail opens a new case ``<id_prefix><n>`` (``new_case_id``) whose
+    participant is the mail's From.  For ``type=id@D`` the edge has already
+    refused a case that does not exist (``550 5.1.1``).
+    """
+    effects: list[Effect] = []
+    ev = mail.event
+    opened = case is None
+    if case is None:
+        resource = address.with_id(new_case_id)
+        case = CaseView(
+            key=resource.key,
+            address=resource.canonical,
+            domain=resource.domain,
+            type=resource.type,
+            id=new_case_id,
+            role="master",
+            participant=ev.from_address,
+        )
+        effects.append(CreateCase(case))
+    entry: dict[str, Any] = {
+        "message_ref": ev.message_ref,
+        "from": ev.from_address,
+        "subject": ev.subject,
+        "dmarc": ev.dmarc,
+        "automated": mail.automation.is_automated,
+    }
+    if address.mode:
+        entry["requested_mode"] = address.mode
+    effects.append(Thread("mail.in", entry))
+
+    notice: str | None = None  # a resume notice to send at once (refused on the spot)
+    if address.mode:
+        handoff_effects, notice = _master_request(case, address.mode, mail, typ, ctx, opened=opened)
+        effects += handoff_effects
+    elif not opened:
+        effects += _master_negotiation_reply(case, mail)
+
+    # PROFILE §4: "When a !MODE intake is refused on the spot, the
+    # acknowledgement and the resume notice are one mail."
+    if opened and typ.acknowledge:
+        effects.append(SendMail("acknowledge", texts.acknowledge(case.address, notice)))
+    elif notice is not None:
+        effects.append(SendMail("resume", notice))
+    return effects
+
+
+def _master_request(
+    case: CaseView, mode: str, mail: ParsedMail, typ: TypeView, ctx: Context, *, opened: bool
+) -> tuple[list[Effect], str | None]:
+    """``!MODE`` in the master role (CONTRACT §3.1.1); returns effects and a resume notice."""
+    if case.open_handoff is not None:
+        # One open handoff per case: the request is on the thread (mail.in
+        # carries requested_mode) and starts nothing.
+        return [], None
+    handoff_id = ctx.new_id()
+    reason: str | None = None
+    if not may_steer(mail, None if opened else case, typ):
+        reason = "blocked"
+    elif mode not in typ.modes:
+        reason = "mode-not-enabled"  # the statute does not list it
+    elif mode not in typ.endpoints:
+        reason = "mode-unavailable"  # listed, but no endpoint configured
+    if reason is not None:
+        # "email records a refused status itself and continues by email".
+        # The table starts every handoff at requested, so the refusal is
+        # recorded as requested -> refused, both by email.
+        effects: list[Effect] = [
+            OpenHandoff(handoff_id, mode, peer="email", url=None, deadline_at=None, details={}),
+            Status(handoff_id, "requested", None, "email"),
+            Status(handoff_id, "refused", None, "email", {"reason": reason}),
+        ]
+        return effects, texts.resume(case.address, mode, "refused", {"reason": reason})
+    endpoint = typ.endpoints[mode]
+    details = {"subject": mail.event.subject or ""}
+    details.update(find_fields(mail.event.text or "", endpoint.fields))
+    message = envelope(
+        "handoff.request",
+        ctx.new_id(),
+        case.ref,
+        handoff_id=handoff_id,
+        mode=mode,
+        details=details,
+        status_url=ctx.status_url,
+        participant={"address": case.participant},
+    )
+    return [
+        OpenHandoff(
+            handoff_id, mode, endpoint.peer, endpoint.url, ctx.now + endpoint.deadline, details
+        ),
+        Status(handoff_id, "requested", None, "email"),
+        SendContract(endpoint.peer, endpoint.url, message, handoff_id),
+    ], None
+
+
+def _master_negotiation_reply(case: CaseView, mail: ParsedMail) -> list[Effect]:
+    """CONTRACT §3.1.4: "A reply on the case address that supplies them is
+    sent to the mode as handoff.update."  PROFILE §3: only "when it comes from
+    the participant and passed DMARC"."""
+    h = case.open_handoff
+    if h is None or h.status != "negotiating" or not h.needs or h.url is None:
+        return []
+    if not mail.auth.authenticated or mail.automation.is_automated:
+        return []
+    if not same_address(mail.event.from_address, case.participant):
+        return []
+    details = find_fields(mail.event.text or "", h.needs)
+    if not details:
+        return []
+    return [
+        SendContract(h.peer, h.url, _update(case, h, details, mail.event.message_ref), h.handoff_id)
+    ]
+
+
+def _update(case: CaseView, h: HandoffView, details: Mapping[str, str], mid: str) -> dict[str, Any]:
+    # The update's id derives from the message it carries, so a mail recorded
+    # once yields one update.
+    return envelope(
+        "handoff.update", f"upd-{mid}", case.ref, handoff_id=h.handoff_id, details=dict(details)
+    )
+
+
+def status_from_mode(
+    case: CaseView, handoff: HandoffView, msg: HandoffStatus, *, resume: bool
+) -> Reply:
+    """A ``handoff.status`` from the peer the handoff was sent to (CONTRACT §2, §4).
+
+    ``resume``: whether email mails the participant itself (master role, or
+    slave with autonomous_send) on a terminal status or a question.
+    """
+    # CONTRACT §2: "A receiver MUST ignore a status whose seq is not greater
+    # than the last one it accepted".  PROFILE §6 puts this before the
+    # transition check.
+    if handoff.last_seq is not None and msg.seq <= handoff.last_seq:
+        return Reply(200, STALE)
+    # CONTRACT §4: "A receiver MUST refuse a transition that the table does
+    # not allow"; a mode is never the timeout owner.
+    MACHINE.check(handoff.status, msg.status, source="mode", timeout_owner=False)
+    fields = msg.fields()
+    effects: list[Effect] = [Status(handoff.handoff_id, msg.status, msg.seq, "mode", fields)]
+    if resume:
+        if MACHINE.is_terminal(msg.status):
+            # CONTRACT §3.1.3: "On every terminal status, email resumes".
+            text = texts.resume(case.address, handoff.mode, msg.status, fields)
+            effects.append(SendMail("resume", text))
+        elif msg.status == "negotiating" and msg.needs:
+            text = texts.question(case.address, handoff.mode, msg.needs, msg.detail)
+            effects.append(SendMail("question", text))
+    return Reply(200, OK, effects)
+
+
+def master_deadline(case: CaseView, handoff: HandoffView, ctx: Context) -> list[Effect]:
+    """PROFILE §8: "At the deadline with no terminal status: record timed-out;
+    a handoff.request still undelivered is abandoned ... and the
+    handoff.cancel with reason: "timed-out" goes out after it; mail the
+    participant."""
+    if handoff.closed:
+        return []
+    MACHINE.check(handoff.status, "timed-out", source="email", timeout_owner=True)
+    effects: list[Effect] = [
+        Status(handoff.handoff_id, "timed-out", None, "email"),
+        AbandonRequest(handoff.handoff_id),
+    ]
+    if handoff.url is not None:
+        cancel = envelope(
+            "handoff.cancel",
+            f"cancel-{handoff.handoff_id}",
+            case.ref,
+            handoff_id=handoff.handoff_id,
+            reason="timed-out",
+        )
+        effects.append(SendContract(handoff.peer, handoff.url, cancel, handoff.handoff_id))
+    effects.append(SendMail("resume", texts.resume(case.address, handoff.mode, "timed-out", {})))
+    return effects
+
+
+def request_failed(case: CaseView, handoff: HandoffView, detail: str) -> list[Effect]:
+    """PROFILE §7: "a refused handoff.request records failed with the detail
+    and resumes by email" (also when retries ran out)."""
+    if handoff.closed:
+        return []
+    MACHINE.check(handoff.status, "failed", source="email")
+    fields = {"detail": detail[:1024]}
+    return [
+        Status(handoff.handoff_id, "failed", None, "email", fields),
+        SendMail("resume", texts.resume(case.address, handoff.mode, "failed", fields)),
+    ]
+
+
+def cancel_from_master(
+    case: CaseView, handoff: HandoffView, msg: HandoffCancel, ctx: Context
+) -> Reply:
+    """PROFILE §9: "handoff.cancel from the master on a non-terminal handoff:
+    record cancelled, forward handoff.cancel to the webhook (if the handoff was
+    forwarded), answer {"ok": true}. On a terminal handoff: 409"."""
+    if handoff.closed:
+        raise WireError(
+            f'handoff_id: {handoff.handoff_id} is already "{handoff.status}"; nothing follows a terminal status',
+            code="invalid-transition",
+            status=409,
+        )
+    MACHINE.check(handoff.status, "cancelled", source="email")
+    effects: list[Effect] = [
+        Status(handoff.handoff_id, "cancelled", None, "email", {"reason": msg.reason})
+    ]
+    if handoff.forwarded and handoff.url is not None:
+        fwd = envelope(
+            "handoff.cancel",
+            f"cancel-{handoff.handoff_id}",
+            case.ref,
+            handoff_id=handoff.handoff_id,
+            reason=msg.reason,
+        )
+        effects.append(SendContract(handoff.peer, handoff.url, fwd, handoff.handoff_id))
+    return Reply(200, OK, effects)

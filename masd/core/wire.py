@@ -1,0 +1,340 @@
+"""Contract messages on the wire (CONTRACT §2, §5; PROFILE §6).
+
+Decoding is strict about what masd acts on and tolerant of the rest: unknown
+fields are ignored, every known field is checked for type and bounds, and a
+refusal names the field and the value (PROFILE §6: "names the field or value
+refused").  Encoding builds the exact JSON masd sends.
+
+The checks run in PROFILE §6's order, split where the edge must step in:
+
+1. :func:`parse_envelope` -- not JSON or no envelope (``invalid-message``),
+   ``unsupported-version``, ``unknown-type``;
+2. the edge checks the peer may send that type (``forbidden``) and looks up
+   idempotency by (peer, ``id``);
+3. :func:`decode` -- schema, bounds and the case key (``invalid-message``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from masd.core.address import check_case_ref
+from masd.core.errors import AddressError, WireError
+from masd.core.status import MACHINE
+
+VERSION: Final = "0.1"
+
+#: Every message type of CONTRACT §5, with the parties that send it.
+TYPES: Final = {
+    "handoff.request": "email",
+    "handoff.update": "email",
+    "handoff.cancel": "email|master",
+    "handoff.status": "mode|email",
+    "case.intake": "email",
+    "case.assign": "master",
+    "case.message": "email",
+    "case.policy": "master",
+    "handoff.requested": "email",
+    "mail.send": "master",
+}
+
+#: What each kind of peer may send to email (PROFILE §6: "a mode may post
+#: statuses only ...; a master may send only master messages").
+MAY_SEND: Final = {
+    "mode": frozenset({"handoff.status"}),
+    "webhook": frozenset({"handoff.status"}),
+    "master": frozenset({"case.assign", "case.policy", "mail.send", "handoff.cancel"}),
+}
+
+#: CONTRACT §2: "case ... Absent only in case.intake and case.assign."
+_NO_CASE: Final = frozenset({"case.intake", "case.assign"})
+
+REFUSE_REASONS: Final = frozenset(
+    {"mode-unavailable", "mode-not-enabled", "declined", "out-of-hours", "blocked"}
+)
+
+# Bounds (PROFILE §6 and §12: "every field bounded").
+MAX_ID: Final = 128
+MAX_TOKEN: Final = 64  # statuses, reasons, outcomes, field names
+MAX_DETAIL: Final = 1024
+MAX_NEEDS: Final = 32
+MAX_SUBJECT: Final = 998
+MAX_BODY: Final = 200_000
+MAX_URL: Final = 2048
+MAX_SEQ: Final = 2**53 - 1
+
+_ID_RE: Final = re.compile(r"[\x21-\x7e]{1,128}")
+_FIELD_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+_RFC3339_RE: Final = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+@dataclass(frozen=True)
+class CaseRef:
+    """The envelope's ``case``: canonical resource address and equivalence key."""
+
+    address: str
+    key: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"address": self.address, "key": self.key}
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A message whose envelope passed the first checks; ``body`` is the whole object."""
+
+    type: str
+    id: str
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class HandoffStatus:
+    id: str
+    case: CaseRef
+    handoff_id: str
+    seq: int
+    status: str
+    needs: tuple[str, ...] | None = None
+    at: str | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    detail: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The status's own fields, as recorded and relayed (None left out)."""
+        out: dict[str, Any] = {}
+        if self.needs is not None:
+            out["needs"] = list(self.needs)
+        for name in ("at", "outcome", "reason", "detail"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class HandoffCancel:
+    id: str
+    case: CaseRef
+    handoff_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PolicyPatch:
+    """Policy fields a master set; ``None`` means "not set, keep the current value"."""
+
+    autonomous_send: bool | None = None
+    transfers: str | None = None  # "block" or a webhook URL
+
+
+@dataclass(frozen=True)
+class CaseAssign:
+    id: str
+    intake_ref: str
+    resource_id: str
+    policy: PolicyPatch | None
+
+
+@dataclass(frozen=True)
+class CasePolicy:
+    id: str
+    case: CaseRef
+    policy: PolicyPatch
+
+
+@dataclass(frozen=True)
+class MailSend:
+    id: str
+    case: CaseRef
+    in_reply_to: str
+    subject: str | None
+    body: str
+
+
+Inbound = HandoffStatus | HandoffCancel | CaseAssign | CasePolicy | MailSend
+
+
+def _bad(detail: str) -> WireError:
+    return WireError(detail, code="invalid-message", status=400)
+
+
+def parse_envelope(raw: bytes) -> Envelope:
+    """Check that ``raw`` is a JSON object with a v0.1 envelope of a known type."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(f"body: not JSON ({exc})") from exc
+    if not isinstance(body, dict):
+        raise _bad(f"body: a JSON {type(body).__name__}, not an object")
+    for name in ("mas_modes_version", "type", "id"):
+        if name not in body:
+            raise _bad(f"{name}: missing (every message carries the envelope, CONTRACT §2)")
+    version = body["mas_modes_version"]
+    if version != VERSION:
+        raise WireError(
+            f"mas_modes_version: {json.dumps(version)} is not {json.dumps(VERSION)}",
+            code="unsupported-version",
+        )
+    mtype = body["type"]
+    if not isinstance(mtype, str) or mtype not in TYPES:
+        raise WireError(
+            f"type: {json.dumps(mtype)} is not a message type of CONTRACT §5", code="unknown-type"
+        )
+    return Envelope(type=mtype, id=_id(body, "id"), body=body)
+
+
+def check_may_send(peer_kind: str, envelope: Envelope) -> None:
+    """``403 forbidden`` unless a peer of this kind may send this type to email."""
+    if envelope.type not in MAY_SEND.get(peer_kind, frozenset()):
+        raise WireError(
+            f"type: a {peer_kind} may not send {envelope.type} to email",
+            code="forbidden",
+            status=403,
+        )
+
+
+def decode(envelope: Envelope) -> Inbound:
+    """Decode and bound-check a message email receives; ``invalid-message`` names the field."""
+    b = envelope.body
+    case = None if envelope.type in _NO_CASE else _case(b)
+    match envelope.type:
+        case "handoff.status":
+            assert case is not None
+            return _status(envelope.id, case, b)
+        case "handoff.cancel":
+            assert case is not None
+            return HandoffCancel(envelope.id, case, _id(b, "handoff_id"), _token(b, "reason"))
+        case "case.assign":
+            if "case" in b:
+                raise _bad("case: not allowed in case.assign (CONTRACT §2)")
+            policy = _policy(b["policy"], "policy") if b.get("policy") is not None else None
+            return CaseAssign(envelope.id, _id(b, "intake_ref"), _str(b, "resource_id", 64), policy)
+        case "case.policy":
+            assert case is not None
+            return CasePolicy(envelope.id, case, _policy(b, ""))
+        case "mail.send":
+            assert case is not None
+            subject = _opt_str(b, "subject", MAX_SUBJECT)
+            return MailSend(
+                envelope.id, case, _id(b, "in_reply_to"), subject, _str(b, "body", MAX_BODY)
+            )
+    raise WireError(f"type: email does not receive {envelope.type}", code="forbidden", status=403)
+
+
+def _status(mid: str, case: CaseRef, b: Mapping[str, Any]) -> HandoffStatus:
+    seq = b.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq <= MAX_SEQ:
+        raise _bad(f"seq: {json.dumps(seq)} is not an integer from 0 to 2^53-1")
+    status = _token(b, "status")
+    if status not in MACHINE.statuses:
+        raise _bad(f'status: "{status}" is not a status of CONTRACT §4')
+    needs = None
+    if b.get("needs") is not None:
+        raw = b["needs"]
+        if not isinstance(raw, list) or len(raw) > MAX_NEEDS:
+            raise _bad(f"needs: not a list of at most {MAX_NEEDS} field names")
+        for item in raw:
+            if not isinstance(item, str) or not _FIELD_RE.fullmatch(item):
+                raise _bad(f"needs: {json.dumps(item)} is not a field name")
+        needs = tuple(item.lower() for item in raw)
+    at = _opt_str(b, "at", 64)
+    if at is not None and not _RFC3339_RE.fullmatch(at):
+        raise _bad(f"at: {json.dumps(at)} is not an RFC 3339 date-time")
+    reason = _opt_str(b, "reason", MAX_TOKEN)
+    if status == "refused" and reason not in REFUSE_REASONS:
+        raise _bad(
+            f"reason: {json.dumps(reason)} is not one of " + ", ".join(sorted(REFUSE_REASONS))
+        )
+    return HandoffStatus(
+        id=mid,
+        case=case,
+        handoff_id=_id(b, "handoff_id"),
+        seq=seq,
+        status=status,
+        needs=needs,
+        at=at,
+        outcome=_opt_str(b, "outcome", MAX_TOKEN),
+        reason=reason,
+        detail=_opt_str(b, "detail", MAX_DETAIL),
+    )
+
+
+def _policy(raw: Any, where: str) -> PolicyPatch:
+    prefix = f"{where}." if where else ""
+    if not isinstance(raw, dict):
+        raise _bad(f"{where or 'policy'}: not an object")
+    autonomous = raw.get("autonomous_send")
+    if autonomous is not None and not isinstance(autonomous, bool):
+        raise _bad(f"{prefix}autonomous_send: {json.dumps(autonomous)} is not true or false")
+    transfers = raw.get("transfers")
+    url: str | None = None
+    if transfers is not None:
+        if transfers == "block":
+            url = "block"
+        elif isinstance(transfers, dict) and isinstance(transfers.get("webhook"), str):
+            url = transfers["webhook"]
+            if len(url) > MAX_URL or not re.match(r"https?://[^\s]+\Z", url):
+                raise _bad(
+                    f"{prefix}transfers.webhook: {json.dumps(url)[:200]} is not an http(s) URL"
+                )
+        else:
+            raise _bad(
+                f'{prefix}transfers: {json.dumps(transfers)[:200]} is not "block" or {{"webhook": URL}}'
+            )
+    return PolicyPatch(autonomous, url)
+
+
+def _case(b: Mapping[str, Any]) -> CaseRef:
+    # PROFILE §1: "a receiver refuses a message whose key does not match its
+    # address (invalid-message)".
+    raw = b.get("case")
+    if not isinstance(raw, dict):
+        raise _bad("case: missing or not an object {address, key}")
+    try:
+        addr = check_case_ref(raw)
+    except AddressError as exc:
+        raise _bad(f"case.{exc.detail}") from exc
+    return CaseRef(addr.canonical, addr.key)
+
+
+def _id(b: Mapping[str, Any], name: str) -> str:
+    value = b.get(name)
+    if not isinstance(value, str) or not _ID_RE.fullmatch(value):
+        raise _bad(
+            f"{name}: {json.dumps(value)[:200]} is not 1 to {MAX_ID} printable ASCII characters"
+        )
+    return value
+
+
+def _str(b: Mapping[str, Any], name: str, limit: int) -> str:
+    value = b.get(name)
+    if not isinstance(value, str) or not value:
+        raise _bad(f"{name}: missing or not a non-empty string")
+    if len(value) > limit:
+        raise _bad(f"{name}: {len(value)} characters, over {limit}")
+    return value
+
+
+def _opt_str(b: Mapping[str, Any], name: str, limit: int) -> str | None:
+    return None if b.get(name) is None else _str(b, name, limit)
+
+
+def _token(b: Mapping[str, Any], name: str) -> str:
+    return _str(b, name, MAX_TOKEN)
+
+
+def envelope(mtype: str, mid: str, case: CaseRef | None, **payload: Any) -> dict[str, Any]:
+    """Build a message email sends: envelope first, then the payload (None left out)."""
+    out: dict[str, Any] = {"mas_modes_version": VERSION, "type": mtype, "id": mid}
+    if case is not None:
+        out["case"] = case.to_json()
+    out.update({k: v for k, v in payload.items() if v is not None})
+    return out

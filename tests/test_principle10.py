@@ -1,0 +1,92 @@
+"""Principle 10 (CONTRACT §6) and the send caps (PROFILE §3); outbound mail (PROFILE §4)."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+
+import pytest
+
+from masd.core.compose import OutboundMail, render, reply_subject
+from masd.core.details import find_fields, question_lines
+from masd.core.principle10 import Caps, Counts, Recipient, decide_send
+
+OK = Recipient("alice@example.com", authenticated=True, automated=False)
+
+
+@pytest.mark.parametrize(
+    ("recipient", "counts", "expected"),
+    [
+        (OK, Counts(0, 0), None),
+        (None, Counts(0, 0), "unknown-message"),
+        (Recipient("", authenticated=True, automated=False), Counts(0, 0), "automated-sender"),
+        (
+            Recipient("bot@example.com", authenticated=True, automated=True),
+            Counts(0, 0),
+            "automated-sender",
+        ),
+        (
+            Recipient("eve@example.com", authenticated=False, automated=False),
+            Counts(0, 0),
+            "unauthenticated-sender",
+        ),
+        (OK, Counts(19, 0), None),
+        (OK, Counts(20, 0), "send-cap-reached"),
+        (OK, Counts(0, 9), None),
+        (OK, Counts(0, 10), "send-cap-reached"),
+        # Who the recipient is comes before the caps.
+        (
+            Recipient("eve@example.com", authenticated=False, automated=False),
+            Counts(99, 99),
+            "unauthenticated-sender",
+        ),
+    ],
+)
+def test_decide_send(recipient: Recipient | None, counts: Counts, expected: str | None) -> None:
+    assert decide_send(recipient, counts, Caps(20, 10)) == expected
+
+
+def test_find_fields_takes_first_unquoted_value_case_insensitively() -> None:
+    text = "> Phone:\n> phone: 111\nPHONE: +1 555 0100\nphone: 222\ntime:\nfax: 1\n"
+    assert find_fields(text, ["phone", "time"]) == {"phone": "+1 555 0100"}
+    assert question_lines(["phone", "time"]) == "phone:\ntime:\n"
+
+
+def test_rendered_mail_is_threaded_and_marked() -> None:
+    raw = render(
+        OutboundMail(
+            sender="ticket=gs-1@help.example",
+            to="alice@example.com",
+            subject="Re: help\r\nBcc: victim@example.net\x00",
+            body="Grüße\n",
+            message_id="<abc@help.example>",
+            in_reply_to="<m1@example.com>",
+            references=["<m0@example.com>", "<m1@example.com>"],
+            auto_submitted=True,
+            date=0,
+        )
+    )
+    assert b"\r\n" in raw
+    msg = email.message_from_bytes(raw, policy=email.policy.default)
+    assert msg["From"] == "ticket=gs-1@help.example"
+    assert msg["Subject"] == "Re: help Bcc: victim@example.net"
+    assert msg["Bcc"] is None
+    assert msg["In-Reply-To"] == "<m1@example.com>"
+    assert msg["References"] == "<m0@example.com> <m1@example.com>"
+    assert msg["Auto-Submitted"] == "auto-replied"
+    assert msg.get_content().replace("\r\n", "\n") == "Grüße\n"
+    assert b"Content-Transfer-Encoding: quoted-printable" in raw
+
+
+def test_a_masters_mail_carries_no_auto_submitted() -> None:
+    raw = render(
+        OutboundMail("a=b@c.example", "x@y.example", "s", "b", "<i@c.example>", None, [], False, 0)
+    )
+    assert b"Auto-Submitted" not in raw
+    assert b"In-Reply-To" not in raw
+
+
+def test_reply_subject() -> None:
+    assert reply_subject("Help") == "Re: Help"
+    assert reply_subject("RE: Help") == "RE: Help"
+    assert reply_subject(None) == "Re: your message"
