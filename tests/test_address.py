@@ -429,3 +429,10 @@ def test_check_id_only_raises_address_error(text: str, type_: str) -> None:
     else:
         assert len(type_) + 1 + len(text) <= RESOURCE_MAX
         assert parse_address(f"{type_}={text}@help.example").id == text
+
+
+def test_octets_that_are_not_utf8_are_a_named_refusal() -> None:
+    with pytest.raises(AddressError) as exc:
+        parse_address("tick\udcffet@help.example")
+    assert exc.value.part == "local"
+    assert "not UTF-8" in exc.value.detail

@@ -263,7 +263,14 @@ def parse_local(local: str, *, delimiter: str = "+") -> tuple[str, str | None, s
             f"local part: control character {_show(bad.group())} at position {bad.start()}",
             part="local",
         )
-    size = len(local) if local.isascii() else len(local.encode("utf-8"))
+    try:
+        size = len(local) if local.isascii() else len(local.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # Bytes that are not UTF-8 reach here as lone surrogates (an SMTP
+        # server decodes with surrogateescape).
+        raise AddressError(
+            f"local part: octets at position {exc.start} are not UTF-8", part="local"
+        ) from exc
     if size > LOCAL_MAX:
         raise AddressError(f"local part: {size} octets, over {LOCAL_MAX}", part="local")
     if delimiter:

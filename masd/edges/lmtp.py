@@ -1,0 +1,537 @@
+"""The LMTP listener: Postfix hands mail to masd here (PROFILE §2).
+
+Built on aiosmtpd's ``LMTP`` protocol, served with ``loop.create_server`` /
+``create_unix_server`` (never aiosmtpd's Controller).  What aiosmtpd does not
+do for LMTP is fixed in :class:`_LmtpProtocol`:
+
+- after DATA, every reply is one line per accepted recipient (RFC 2033
+  §4.2), including aiosmtpd's own "too much mail data" and "line too long"
+  answers, which it sends once (Postfix would then read the other
+  recipients' replies out of step);
+- LHLO advertises PIPELINING and ENHANCEDSTATUSCODES (RFC 2033 §4.1), and
+  every reply but the greeting, LHLO and 354 carries an enhanced status code
+  (RFC 2034 §3), aiosmtpd's own ones included;
+- a fault anywhere in DATA handling is ``451 4.3.0`` for each recipient.
+
+Recipients are checked at RCPT so Postfix can refuse at SMTP time; the mail
+is recorded per recipient at DATA, each in its own store job, concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+import secrets
+import socket
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, AnyStr, Final
+
+from aiosmtpd.lmtp import LMTP
+from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from masd import service
+from masd.clock import Clock
+from masd.config import Listen, TcpListen, UnixListen
+from masd.core.address import Address, parse_address
+from masd.core.errors import AddressError, MasdError
+from masd.core.event import ParsedMail, build_event
+from masd.core.trust import TrustSettings
+from masd.metrics import Metrics
+from masd.service import Runtime, UnknownCase
+from masd.store import Store
+
+log = logging.getLogger("masd.lmtp")
+
+#: Idle time allowed between commands; the DATA transfer and its processing
+#: must also fit in it (aiosmtpd restarts the timer on each command only).
+#: Postfix waits up to 600 s for the replies after DATA (lmtp_data_done_timeout).
+IDLE_TIMEOUT: Final = 300.0
+#: Messages at least this large are parsed on a worker thread, not on the loop.
+THREAD_PARSE_BYTES: Final = 256 * 1024
+#: Longest detail text put in a reply line (RFC 5321 §4.5.3.1.5: 512 octets a line).
+MAX_DETAIL: Final = 400
+SOCKET_MODE: Final = 0o660
+METRIC: Final = "masd_deliveries_total"
+
+
+@dataclass(frozen=True)
+class ReplyCode:
+    """One kind of LMTP reply: code, RFC 3463 enhanced code, metrics outcome."""
+
+    code: int
+    enhanced: str
+    outcome: str
+
+    def line(self, text: str) -> str:
+        return f"{self.code} {self.enhanced} {_printable(text)}"
+
+
+class Replies:
+    """Every reply masd makes itself (PROFILE §2 for recipients)."""
+
+    SENDER_OK: Final = ReplyCode(250, "2.1.0", "sender-ok")
+    BAD_SENDER: Final = ReplyCode(501, "5.1.7", "bad-sender")
+    RECIPIENT_OK: Final = ReplyCode(250, "2.1.5", "recipient-ok")
+    RECORDED: Final = ReplyCode(250, "2.0.0", "recorded")
+    DUPLICATE: Final = ReplyCode(250, "2.0.0", "duplicate")
+    UNKNOWN_DOMAIN: Final = ReplyCode(550, "5.1.2", "unknown-domain")
+    BAD_ADDRESS: Final = ReplyCode(550, "5.1.1", "bad-address")
+    UNKNOWN_TYPE: Final = ReplyCode(550, "5.1.1", "unknown-type")
+    UNKNOWN_CASE: Final = ReplyCode(550, "5.1.1", "unknown-case")
+    TOO_BIG: Final = ReplyCode(552, "5.3.4", "too-big")
+    LINE_TOO_LONG: Final = ReplyCode(554, "5.6.0", "line-too-long")
+    # Slave-role types do not take mail over LMTP yet (service.deliver refuses
+    # them with "not-master"); temporary, so Postfix keeps the mail queued.
+    NOT_SERVED: Final = ReplyCode(451, "4.3.0", "not-served")
+    FAULT: Final = ReplyCode(451, "4.3.0", "fault")
+
+
+#: Enhanced codes for replies aiosmtpd writes itself without one (RFC 3463).
+_LIBRARY_ENHANCED: Final = {
+    221: "2.0.0",
+    250: "2.0.0",
+    252: "2.5.0",
+    500: "5.5.2",
+    501: "5.5.4",
+    502: "5.5.1",
+    503: "5.5.1",
+    504: "5.5.4",
+    530: "5.7.0",
+    552: "5.3.4",
+    553: "5.1.3",
+    554: "5.0.0",
+    555: "5.5.4",
+}
+_HAS_ENHANCED = re.compile(r"[0-9]{3}[ -][245]\.[0-9]{1,3}\.[0-9]{1,3}(?: |$)")
+_REPLY_LINE = re.compile(r"([0-9]{3})([ -]?)(.*)", re.DOTALL)
+
+
+def _printable(text: str) -> str:
+    """One ASCII line: replies never carry line breaks, controls or raw UTF-8."""
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    text = "".join(ch if " " <= ch <= "~" else " " for ch in text)
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 3] + "..."
+
+
+def _with_enhanced(status: str) -> str:
+    out: list[str] = []
+    for line in status.split("\r\n"):
+        match = _REPLY_LINE.fullmatch(line)
+        if match is None or _HAS_ENHANCED.match(line):
+            out.append(line)
+            continue
+        code, sep, text = match.groups()
+        enhanced = _LIBRARY_ENHANCED.get(int(code), f"{code[0]}.0.0")
+        out.append(f"{code}{sep or ' '}{enhanced} {text.strip()}".rstrip())
+    return "\r\n".join(out)
+
+
+class RecipientReplies(str):
+    """The reply to DATA: one line per accepted recipient, joined with CRLF."""
+
+    __slots__ = ()
+
+
+def received_at(now: float) -> str:
+    """RFC 3339 UTC timestamp, millisecond precision."""
+    return (
+        datetime.fromtimestamp(now, tz=UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def _undecodable(address: str) -> bool:
+    """aiosmtpd hands on bytes that are not UTF-8 as lone surrogates."""
+    return not address.isascii() and any("\udc80" <= ch <= "\udcff" for ch in address)
+
+
+def _sender(mail_from: str | None) -> str:
+    return "" if mail_from in (None, "", "<>") else str(mail_from)
+
+
+class LmtpHandler:
+    """Recipient checks at RCPT, recording at DATA (aiosmtpd's ``handle_*`` hooks)."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        store: Store,
+        clock: Clock,
+        metrics: Metrics,
+        on_commit: Callable[[], None],
+    ) -> None:
+        self.rt = rt
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.on_commit = on_commit
+        server = rt.config.server
+        self._delimiter = server.recipient_delimiter
+        self._domains = rt.config.domains
+        self._trust = TrustSettings(
+            frozenset(server.trusted_authserv_ids), frozenset(server.trusted_hosts)
+        )
+        self.size_limit = server.max_message_bytes
+        self._inflight: set[asyncio.Task[str]] = set()
+
+    # -- aiosmtpd hooks -------------------------------------------------------
+
+    async def handle_EHLO(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        hostname: str,
+        responses: list[str],
+    ) -> list[str]:
+        # LHLO goes through aiosmtpd's EHLO; a hook must record the client's name.
+        session.host_name = hostname
+        keywords = [r[4:] for r in responses[1:] if r[4:] != "HELP"]
+        for wanted in ("PIPELINING", "ENHANCEDSTATUSCODES"):
+            if wanted not in keywords:
+                keywords.insert(0, wanted)
+        lines = [responses[0][4:], *keywords]
+        return [f"250-{x}" for x in lines[:-1]] + [f"250 {lines[-1]}"]
+
+    async def handle_MAIL(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        address: str,
+        mail_options: list[str],
+    ) -> str:
+        if _undecodable(address):
+            return Replies.BAD_SENDER.line(f"sender {address!r} is not UTF-8")
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return Replies.SENDER_OK.line("sender ok")
+
+    async def handle_RCPT(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        address: str,
+        rcpt_options: list[str],
+    ) -> str:
+        try:
+            reply, text = await self.check_recipient(address)
+        except Exception:
+            log.exception("rcpt=%s refused: internal fault", address)
+            reply, text = Replies.FAULT, "temporary failure, try again later"
+        if reply is Replies.RECIPIENT_OK:
+            envelope.rcpt_tos.append(address)
+            envelope.rcpt_options.extend(rcpt_options)
+        else:
+            self.metrics.inc(METRIC, outcome=reply.outcome)
+            log.info("rcpt=%s refused reply=%s detail=%s", address, reply.code, text)
+        return reply.line(text)
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        # The work runs in its own task: if Postfix drops the connection while
+        # we wait, the recording still finishes and on_commit still fires.
+        task = asyncio.ensure_future(
+            self.record(
+                envelope.original_content or b"",
+                _sender(envelope.mail_from),
+                list(envelope.rcpt_tos),
+            )
+        )
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
+
+    async def handle_exception(self, error: Exception) -> str:
+        log.error("LMTP session fault", exc_info=error)
+        return Replies.FAULT.line("temporary failure, try again later")
+
+    # -- the work ---------------------------------------------------------------
+
+    def parse(self, rcpt: str) -> Address:
+        return parse_address(rcpt, delimiter=self._delimiter, domains=self._domains)
+
+    async def check_recipient(self, rcpt: str) -> tuple[ReplyCode, str]:
+        """PROFILE §2 at RCPT: would a mail to ``rcpt`` be recorded?"""
+        if _undecodable(rcpt):
+            return Replies.BAD_ADDRESS, f"address: {rcpt!r} is not UTF-8"
+        try:
+            addr = self.parse(rcpt)
+        except AddressError as exc:
+            return _address_refusal(exc), exc.detail
+        typ = self.rt.config.type_for(addr.domain, addr.type)
+        if typ is None:
+            return Replies.UNKNOWN_TYPE, f"type: no type {addr.type!r} at {addr.domain}"
+        if typ.role != "master":
+            return (
+                Replies.NOT_SERVED,
+                f"type {addr.type} at {addr.domain} has the slave role, not served over LMTP yet",
+            )
+        if addr.kind == "resource":
+            try:
+                exists = await self.store.read(lambda db: service.case_exists(db, addr.key))
+            except Exception:
+                log.exception("rcpt=%s key=%s store fault at RCPT", rcpt, addr.key)
+                return Replies.FAULT, "store unavailable, try again later"
+            if not exists:
+                return Replies.UNKNOWN_CASE, f"id: no case {addr.canonical}"
+        return Replies.RECIPIENT_OK, f"{addr.canonical} ok"
+
+    async def record(self, raw: bytes, mail_from: str, rcpts: Sequence[str]) -> RecipientReplies:
+        """Record one message for each recipient; the reply lines, in order.  Never raises."""
+        try:
+            now = self.clock.now()
+            parsed, sha = await self._parse_mail(raw, mail_from, rcpts[0], received_at(now))
+        except Exception:
+            log.exception(
+                "mail from=%s to %d recipients: cannot read the message", mail_from, len(rcpts)
+            )
+            return self.per_recipient(Replies.FAULT, "temporary failure, try again later", rcpts)
+        results = await asyncio.gather(
+            *(self._record_one(rcpt, parsed, raw, sha, now, i == 0) for i, rcpt in enumerate(rcpts))
+        )
+        if any(ok for _, ok in results):
+            try:
+                self.on_commit()
+            except Exception:
+                log.exception("on_commit failed after a delivery")
+        return RecipientReplies("\r\n".join(line for line, _ in results))
+
+    def per_recipient(self, reply: ReplyCode, text: str, rcpts: Sequence[str]) -> RecipientReplies:
+        for _ in rcpts:
+            self.metrics.inc(METRIC, outcome=reply.outcome)
+        return RecipientReplies("\r\n".join(reply.line(text) for _ in rcpts))
+
+    async def _parse_mail(
+        self, raw: bytes, mail_from: str, rcpt: str, at: str
+    ) -> tuple[ParsedMail, str]:
+        def work() -> tuple[ParsedMail, str]:
+            parsed = build_event(
+                raw,
+                mail_from=mail_from,
+                rcpt_to=rcpt,
+                received_at=at,
+                message_ref=_new_ref(),
+                trust=self._trust,
+            )
+            return parsed, hashlib.sha256(raw).hexdigest()
+
+        if len(raw) >= THREAD_PARSE_BYTES:
+            return await asyncio.to_thread(work)
+        return work()
+
+    async def _record_one(
+        self, rcpt: str, first: ParsedMail, raw: bytes, sha: str, now: float, is_first: bool
+    ) -> tuple[str, bool]:
+        """One recipient: (reply line, whether a store write committed)."""
+        try:
+            addr = self.parse(rcpt)
+            # The message is parsed once; each recipient's event differs only
+            # in rcpt_to and its own message_ref.
+            mail = first
+            if not is_first:
+                event = dataclasses.replace(first.event, rcpt_to=rcpt, message_ref=_new_ref())
+                mail = dataclasses.replace(first, event=event)
+            done = await self.store.write(
+                lambda db: service.deliver(self.rt, db, addr, mail, raw, sha, now)
+            )
+        except UnknownCase as exc:
+            reply, text = Replies.UNKNOWN_CASE, exc.detail
+        except AddressError as exc:
+            reply, text = _address_refusal(exc), exc.detail
+        except MasdError as exc:
+            if exc.code == "not-master":
+                reply, text = Replies.NOT_SERVED, exc.detail
+            else:
+                log.error("rcpt=%s not recorded: %s", rcpt, exc, exc_info=exc)
+                reply, text = Replies.FAULT, f"temporary failure ({exc.code}), try again later"
+        except Exception as exc:
+            log.error("rcpt=%s not recorded: internal fault", rcpt, exc_info=exc)
+            reply, text = Replies.FAULT, "temporary failure, try again later"
+        else:
+            reply = Replies.DUPLICATE if done.duplicate else Replies.RECORDED
+            text = f"{done.message_ref} {'already recorded' if done.duplicate else 'recorded'}"
+            log.info(
+                "rcpt=%s key=%s message_ref=%s message_id=%s outcome=%s",
+                rcpt,
+                done.case_key,
+                done.message_ref,
+                mail.event.message_id,
+                reply.outcome,
+            )
+            self.metrics.inc(METRIC, outcome=reply.outcome)
+            return reply.line(text), True
+        if reply is not Replies.FAULT:
+            log.info("rcpt=%s refused at DATA reply=%s detail=%s", rcpt, reply.code, text)
+        self.metrics.inc(METRIC, outcome=reply.outcome)
+        return reply.line(text), False
+
+    @property
+    def in_flight(self) -> int:
+        """Messages being recorded right now (their sessions may be gone)."""
+        return len(self._inflight)
+
+    async def drain(self) -> None:
+        """Wait until every recording in flight has finished (for shutdown)."""
+        while self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+
+def _new_ref() -> str:
+    return "msg-" + secrets.token_hex(16)
+
+
+def _address_refusal(exc: AddressError) -> ReplyCode:
+    return Replies.UNKNOWN_DOMAIN if exc.code == "unknown-domain" else Replies.BAD_ADDRESS
+
+
+class _LmtpProtocol(LMTP):
+    """aiosmtpd's LMTP with the per-recipient and enhanced-code fixes above."""
+
+    def __init__(self, handler: LmtpHandler, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.masd_handler = handler
+        self._in_lhlo = False
+        self._data_open = False  # between our 354 and the replies to the data
+        self._data_rcpts: list[str] = []
+
+    async def smtp_LHLO(self, arg: str) -> None:
+        self._in_lhlo = True
+        try:
+            await super().smtp_LHLO(arg)
+        finally:
+            self._in_lhlo = False
+
+    async def smtp_DATA(self, arg: str) -> None:
+        try:
+            await super().smtp_DATA(arg)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:
+            if not self._data_open:
+                raise
+            log.exception("LMTP DATA fault")
+            self.envelope = self._create_envelope()
+            await self.push(self._fault_replies())
+        finally:
+            self._data_open = False
+
+    async def push(self, status: AnyStr) -> None:
+        if isinstance(status, str):
+            await super().push(self._lmtp_reply(status))
+        else:
+            await super().push(status)
+
+    def _fault_replies(self) -> RecipientReplies:
+        return self.masd_handler.per_recipient(
+            Replies.FAULT, "temporary failure, try again later", self._data_rcpts
+        )
+
+    def _lmtp_reply(self, status: str) -> str:
+        if self._data_open:
+            # The answer to the data: it must be one line per recipient.
+            self._data_open = False
+            if isinstance(status, RecipientReplies):
+                return status
+            rcpts = self._data_rcpts
+            code = status[:3]
+            handler = self.masd_handler
+            if code == "552":
+                limit = handler.size_limit
+                text = f"message over {limit} octets (server.max_message_bytes)"
+                log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
+                return handler.per_recipient(Replies.TOO_BIG, text, rcpts)
+            if code == "500" and "too long" in status.lower():
+                text = "a line over 1000 octets (RFC 5321 4.5.3.1.6)"
+                log.info("message refused: line too long, %d recipients", len(rcpts))
+                return handler.per_recipient(Replies.LINE_TOO_LONG, text, rcpts)
+            log.error("unexpected reply to DATA %r; answered 451 for each recipient", status)
+            return self._fault_replies()
+        if status.startswith("354"):
+            assert self.envelope is not None
+            self._data_open = True
+            self._data_rcpts = list(self.envelope.rcpt_tos)
+            return status
+        if self._in_lhlo or status.startswith("220"):
+            return status
+        return _with_enhanced(status)
+
+
+class LmtpListenError(MasdError):
+    """The LMTP listener cannot start (address in use, a non-socket at the path)."""
+
+    code = "lmtp-listen"
+
+
+async def start_lmtp(
+    listen: Listen, handler: LmtpHandler, *, hostname: str, max_message_bytes: int
+) -> asyncio.Server:
+    """Bind and start serving; a unix socket gets mode 0660 before it accepts anyone."""
+    loop = asyncio.get_running_loop()
+
+    def factory() -> _LmtpProtocol:
+        return _LmtpProtocol(
+            handler,
+            data_size_limit=max_message_bytes,
+            enable_SMTPUTF8=True,
+            hostname=hostname,  # else a DNS lookup (getfqdn) per connection
+            ident="masd",
+            timeout=IDLE_TIMEOUT,
+            loop=loop,
+        )
+
+    try:
+        if isinstance(listen, UnixListen):
+            sock = await _unix_socket(str(listen.path))
+            try:
+                return await loop.create_unix_server(factory, sock=sock)
+            except BaseException:
+                sock.close()
+                raise
+        assert isinstance(listen, TcpListen)
+        return await loop.create_server(factory, host=listen.host, port=listen.port)
+    except OSError as exc:
+        raise LmtpListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+
+
+async def _unix_socket(path: str) -> socket.socket:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(info.st_mode):
+            raise LmtpListenError(f"cannot listen on unix:{path}: it exists and is not a socket")
+        if await _answers(path):
+            raise LmtpListenError(f"cannot listen on unix:{path}: another process serves it")
+        os.unlink(path)  # stale, left by a process that did not clean up
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        # Before listen(): nobody can connect while the mode is still the umask's.
+        os.chmod(path, SOCKET_MODE)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _answers(path: str) -> bool:
+    try:
+        async with asyncio.timeout(2.0):
+            _, writer = await asyncio.open_unix_connection(path)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
