@@ -11,9 +11,7 @@ from collections.abc import Mapping
 
 _HELP = {
     "masd_deliveries_total": "LMTP deliveries per recipient, by outcome.",
-    "masd_handoffs_total": "Handoff statuses recorded, by status.",
     "masd_outbox_attempts_total": "Outbox delivery attempts, by kind and result.",
-    "masd_sends_refused_total": "Outbound mails refused under Principle 10, by reason.",
     "masd_http_requests_total": "Contract messages received over HTTP, by HTTP status.",
 }
 

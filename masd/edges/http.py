@@ -1,0 +1,418 @@
+"""The HTTP listener (PROFILE §6, §11): contract messages in, health, metrics, the read side.
+
+``POST /mas/v0.1/messages`` runs PROFILE §6's checks in order, the first
+failure answers: 401 (the body is not read) -> 415 -> 413 -> envelope
+(400) -> 403 for a type the peer may not send -> one store job
+(:func:`masd.service.receive`: idempotency, schema, 404, 403, stale, 409).
+Every answer is JSON; :data:`REPLIES` lists the ones this module gives itself.
+
+Gauges on ``GET /metrics`` are read from the store at each scrape (they
+survive restarts); see :func:`store_gauges` for what each one counts.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import Final
+
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
+from sqlite_utils import Database
+
+from masd import readside, service
+from masd.clock import Clock
+from masd.config import Listen, TcpListen
+from masd.core import wire
+from masd.core.errors import WireError
+from masd.core.status import MACHINE
+from masd.metrics import Metrics
+from masd.peers import Principal
+from masd.service import Runtime
+from masd.store import Store, StoreError
+
+log = logging.getLogger("masd.http")
+
+MESSAGES_PATH: Final = "/mas/v0.1/messages"
+CASES_PATH: Final = "/mas/v0.1/cases"
+#: PROFILE §6: "413 too-large (body over 256 KiB)".
+MAX_BODY: Final = 256 * 1024
+_CHUNK: Final = 64 * 1024
+METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+#: The replies this edge gives itself (status by error code).  The rest come
+#: from :mod:`masd.core.wire` and :func:`masd.service.receive` as WireError.
+REPLIES: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "unauthenticated": 401,
+        "unsupported-media-type": 415,
+        "too-large": 413,
+        "invalid-message": 400,  # read side: a bad query parameter
+        "unknown-case": 404,  # read side
+        "not-found": 404,
+        "method-not-allowed": 405,
+        "expectation-failed": 417,
+        "internal": 500,
+        "unavailable": 503,
+    }
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Series = dict[tuple[tuple[str, str], ...], float]
+Gauges = dict[str, tuple[str, Series]]
+
+
+def refusal(code: str, detail: str, *, status: int | None = None) -> web.Response:
+    """``{"ok": false, "error": code, "detail": ...}`` with the code's status."""
+    body = {"ok": False, "error": code, "detail": detail}
+    response = web.json_response(body, status=status or REPLIES[code])
+    if code == "unauthenticated":
+        response.headers[hdrs.WWW_AUTHENTICATE] = 'Bearer realm="masd"'
+    return response
+
+
+def _bearer(request: web.Request) -> str | None:
+    scheme, _, secret = request.headers.get(hdrs.AUTHORIZATION, "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return secret.strip() or None
+
+
+def _envelope_refs(env: wire.Envelope) -> tuple[object, object]:
+    case = env.body.get("case")
+    key = case.get("key") if isinstance(case, dict) else None
+    return key, env.body.get("handoff_id")
+
+
+def store_gauges(db: Database) -> Gauges:
+    """Gauges for ``/metrics``, read in one store snapshot.
+
+    - ``masd_outbox_depth{kind,state}``: outbox rows ``pending`` (waiting to
+      be delivered) and ``failed`` (given up: 4xx or ``retry_for`` ran out).
+    - ``masd_outbox_retries{kind}``: failed attempts of the rows still
+      pending; each one scheduled a retry, so this is the retries the current
+      backlog has needed (0 when every peer answers at the first try).
+    - ``masd_handoffs{status}``: handoffs by their current status.
+    - ``masd_handoff_statuses{status}``: statuses recorded over all handoffs
+      (every transition, by email or by a mode).
+    - ``masd_sends_refused{reason}``: ``mail.refused`` thread entries by
+      reason (Principle 10 refusals, PROFILE §3).
+
+    The last two scan their tables; fine for a scrape every few seconds on
+    a store of modest size.
+    """
+    depth: Series = {
+        (("kind", k), ("state", s)): 0.0
+        for k in ("contract", "mail")
+        for s in ("pending", "failed")
+    }
+    retries: Series = {(("kind", k),): 0.0 for k in ("contract", "mail")}
+    for kind, state, count, attempts in db.execute(
+        "SELECT kind, state, COUNT(*), COALESCE(SUM(attempts), 0) FROM outbox "
+        "WHERE state IN ('pending', 'failed') GROUP BY kind, state"
+    ).fetchall():
+        depth[(("kind", kind), ("state", state))] = float(count)
+        if state == "pending":
+            retries[(("kind", kind),)] = float(attempts)
+
+    def by_status(sql: str) -> Series:
+        out: Series = {(("status", s),): 0.0 for s in sorted(MACHINE.statuses)}
+        for status, count in db.execute(sql).fetchall():
+            out[(("status", status),)] = float(count)
+        return out
+
+    refused: Series = {
+        (("reason", str(reason)),): float(count)
+        for reason, count in db.execute(
+            "SELECT COALESCE(json_extract(data, '$.reason'), 'none'), COUNT(*) FROM thread "
+            "WHERE kind = 'mail.refused' GROUP BY 1"
+        ).fetchall()
+    }
+    return {
+        "masd_outbox_depth": ("Outbox rows pending or failed, by kind and state.", depth),
+        "masd_outbox_retries": ("Failed attempts of outbox rows still pending.", retries),
+        "masd_handoffs": (
+            "Handoffs by current status.",
+            by_status("SELECT status, COUNT(*) FROM handoffs GROUP BY status"),
+        ),
+        "masd_handoff_statuses": (
+            "Handoff statuses recorded, by status.",
+            by_status("SELECT status, COUNT(*) FROM statuses GROUP BY status"),
+        ),
+        "masd_sends_refused": ("Outbound mails refused under Principle 10, by reason.", refused),
+    }
+
+
+class HttpEdge:
+    """The request handlers; :meth:`app` builds the aiohttp application."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        store: Store,
+        clock: Clock,
+        metrics: Metrics,
+        on_commit: Callable[[], None],
+    ) -> None:
+        self.rt = rt
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.on_commit = on_commit
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._json_errors])
+        app.router.add_post(MESSAGES_PATH, self._messages, expect_handler=self._expect)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get(CASES_PATH + "/{key}", self._case)
+        app.router.add_get(CASES_PATH + "/{key}/thread", self._thread)
+        return app
+
+    # ------------------------------------------------------------------ plumbing
+
+    @web.middleware
+    async def _json_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """JSON for aiohttp's own 404/405 (never its HTML pages) and for faults."""
+        try:
+            return await handler(request)
+        except web.HTTPNotFound:
+            return refusal("not-found", f"path: {request.path} is not served here")
+        except web.HTTPMethodNotAllowed as exc:
+            response = refusal(
+                "method-not-allowed", f"method: {request.method} is not allowed on {request.path}"
+            )
+            response.headers[hdrs.ALLOW] = exc.headers.get(hdrs.ALLOW, "")
+            return response
+        except web.HTTPException as exc:
+            code = "too-large" if exc.status == 413 else "invalid-message"
+            if exc.status >= 500:
+                code = "internal"
+            return refusal(code, f"{exc.reason}: {exc.text or ''}".strip(), status=exc.status)
+        except Exception:  # a fault answers JSON, never a traceback
+            log.exception("fault method=%s path=%s", request.method, request.path)
+            return refusal("internal", "internal fault; retry later", status=500)
+
+    def _precheck(self, request: web.Request) -> Principal | web.Response:
+        """401 -> 415 -> 413 by Content-Length: what can be decided before the body."""
+        secret = _bearer(request)
+        if secret is None:
+            return refusal("unauthenticated", "Authorization: no Bearer secret")
+        principal = self.rt.directory.authenticate(secret)
+        if principal is None:
+            return refusal("unauthenticated", "Authorization: the secret matches no peer")
+        if hdrs.CONTENT_TYPE not in request.headers:
+            return refusal("unsupported-media-type", "Content-Type: missing (application/json)")
+        if request.content_type != "application/json":
+            return refusal(
+                "unsupported-media-type",
+                f"Content-Type: {request.content_type} is not application/json",
+            )
+        charset = request.charset
+        if charset is not None and charset.lower() not in ("utf-8", "utf8"):
+            return refusal(
+                "unsupported-media-type", f"Content-Type: charset {charset} is not utf-8"
+            )
+        length = request.content_length
+        if length is not None and length > MAX_BODY:
+            return refusal("too-large", f"Content-Length: {length} bytes, over {MAX_BODY}")
+        return principal
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: invite the body only if it would be read."""
+        expect = request.headers.get(hdrs.EXPECT, "").lower()
+        if request.version != HttpVersion11:
+            return None
+        if expect != "100-continue":
+            return refusal("expectation-failed", f"Expect: {expect} is not 100-continue")
+        if isinstance(self._precheck(request), Principal):
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+        return None
+
+    @staticmethod
+    async def _read_body(request: web.Request) -> bytes | None:
+        """The body, or None once it passes :data:`MAX_BODY` (chunked bodies too)."""
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.read(_CHUNK):
+            size += len(chunk)
+            if size > MAX_BODY:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    # ------------------------------------------------------------------ contract messages
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        response = await self._message(request)
+        self.metrics.inc("masd_http_requests_total", status=str(response.status))
+        return response
+
+    async def _message(self, request: web.Request) -> web.Response:
+        checked = self._precheck(request)
+        if isinstance(checked, web.Response):
+            log.info("message refused remote=%s status=%d", request.remote, checked.status)
+            return checked
+        principal = checked
+        raw = await self._read_body(request)
+        if raw is None:
+            log.info("message refused peer=%s status=413 too-large", principal.id)
+            return refusal("too-large", f"body: over {MAX_BODY} bytes")
+        try:
+            env = wire.parse_envelope(raw)
+            wire.check_may_send(principal.kind, env)
+        except WireError as exc:
+            log.info(
+                "message refused peer=%s status=%d error=%s", principal.id, exc.status, exc.code
+            )
+            return refusal(exc.code, exc.detail, status=exc.status)
+        key, handoff_id = _envelope_refs(env)
+        now = self.clock.now()
+        try:
+            status, body = await self.store.write(
+                lambda db: service.receive(self.rt, db, principal, env, now)
+            )
+        except StoreError as exc:
+            log.warning(
+                "message unavailable peer=%s type=%s id=%s case=%s: %s",
+                principal.id,
+                env.type,
+                env.id,
+                key,
+                exc.detail,
+            )
+            return refusal("unavailable", f"store: {exc.detail}")
+        self.on_commit()
+        log.info(
+            "message peer=%s type=%s id=%s case=%s handoff=%s status=%d error=%s",
+            principal.id,
+            env.type,
+            env.id,
+            key,
+            handoff_id,
+            status,
+            body.get("error", "-"),
+        )
+        return web.json_response(dict(body), status=status)
+
+    # ------------------------------------------------------------------ health and metrics
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        try:
+            await self.store.read(lambda db: db.execute("SELECT 1").fetchone())
+        except Exception as exc:  # noqa: BLE001 (any failure means "not healthy")
+            log.warning("healthz store unavailable: %s", exc)
+            return refusal("unavailable", "store: not answering (see the log)")
+        return web.json_response({"ok": True})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        try:
+            gauges = await self.store.read(store_gauges)
+        except StoreError as exc:
+            log.warning("metrics store unavailable: %s", exc)
+            return refusal("unavailable", "store: not answering (see the log)")
+        return web.Response(
+            body=self.metrics.render(gauges).encode(),
+            headers={hdrs.CONTENT_TYPE: METRICS_CONTENT_TYPE},
+        )
+
+    # ------------------------------------------------------------------ read side
+
+    def _admin(self, request: web.Request) -> web.Response | None:
+        """PROFILE §11: the read side needs the admin secret, else 401."""
+        token = self.rt.config.server.admin_token
+        if token is None:
+            return refusal(
+                "unauthenticated",
+                "no admin token is configured (server.admin_token_file): the read side is closed",
+            )
+        secret = _bearer(request)
+        if secret is None:
+            return refusal("unauthenticated", "Authorization: no Bearer secret")
+        if not hmac.compare_digest(secret.encode(), token.encode()):
+            return refusal("unauthenticated", "Authorization: not the admin secret")
+        return None
+
+    async def _case(self, request: web.Request) -> web.Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        key = request.match_info["key"]
+        try:
+            doc = await self.store.read(lambda db: readside.case_json(db, key))
+        except StoreError as exc:
+            return refusal("unavailable", f"store: {exc.detail}")
+        if doc is None:
+            return refusal("unknown-case", f"key: no case {key}")
+        return web.json_response(doc)
+
+    async def _thread(self, request: web.Request) -> web.Response:
+        if (denied := self._admin(request)) is not None:
+            return denied
+        key = request.match_info["key"]
+        after = _int_param(request, "after", 0, 0, 2**63 - 1)
+        limit = _int_param(request, "limit", readside.DEFAULT_LIMIT, 1, readside.MAX_LIMIT)
+        for name, value in (("after", after), ("limit", limit)):
+            if isinstance(value, str):
+                return refusal("invalid-message", f"{name}: {value}")
+        assert isinstance(after, int)
+        assert isinstance(limit, int)
+        try:
+            doc = await self.store.read(lambda db: readside.thread_json(db, key, after, limit))
+        except StoreError as exc:
+            return refusal("unavailable", f"store: {exc.detail}")
+        if doc is None:
+            return refusal("unknown-case", f"key: no case {key}")
+        return web.json_response(doc)
+
+
+def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int | str:
+    """The integer query parameter ``name``, or a text saying why it is refused."""
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not text.isascii() or not text.isdigit() or not low <= int(text) <= high:
+        shown = text if len(text) <= 40 else text[:40] + "…"
+        return f'"{shown}" is not an integer from {low} to {high}'
+    return int(text)
+
+
+class HttpServer:
+    """A started listener: ``addresses`` as bound, ``close()`` to stop it."""
+
+    def __init__(self, runner: web.AppRunner, addresses: list[tuple[str, int] | str]) -> None:
+        self._runner = runner
+        self.addresses = addresses
+
+    async def close(self) -> None:
+        """Stop accepting, let requests in flight finish, then close."""
+        await self._runner.cleanup()
+
+
+async def start_http(listen: Listen, edge: HttpEdge) -> HttpServer:
+    """Bind ``listen`` (TCP, port 0 allowed, or a unix socket chmod 0660) and serve."""
+    runner = web.AppRunner(edge.app(), access_log=None, shutdown_timeout=10.0)
+    await runner.setup()
+    site: web.BaseSite
+    try:
+        if isinstance(listen, TcpListen):
+            site = web.TCPSite(runner, listen.host, listen.port)
+        else:
+            site = web.UnixSite(runner, str(listen.path))
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    addresses: list[tuple[str, int] | str] = []
+    for name in runner.addresses:
+        if isinstance(name, tuple):
+            addresses.append((str(name[0]), int(name[1])))
+        else:
+            addresses.append(str(name))
+    if not isinstance(listen, TcpListen):
+        os.chmod(listen.path, 0o660)
+    log.info("http listening on %s", ", ".join(str(a) for a in addresses))
+    return HttpServer(runner, addresses)
