@@ -1,0 +1,323 @@
+"""The trust rules of PROFILE §3, one at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from masd.core.trust import (
+    TrustSettings,
+    domain_key,
+    read_auth,
+    read_automation,
+    received_by,
+    split_resinfo,
+    strip_comments,
+)
+
+TRUST = TrustSettings.of(["MX.Help.Example"])
+OURS = (
+    "Received",
+    "from a.example (a.example [192.0.2.1]) by mx.help.example (Postfix) "
+    "with ESMTPS id 1; Mon, 6 Jan 2025 10:00:00 +0000",
+)
+FOREIGN = (
+    "Received",
+    "from b.example by relay.elsewhere.example with SMTP id 2; Mon, 6 Jan 2025 09:59:00 +0000",
+)
+
+
+def ar(value: str) -> tuple[str, str]:
+    return ("Authentication-Results", value)
+
+
+def verdict(headers: list[tuple[str, str]], froms: tuple[str, ...] = ("a@example.org",)):
+    return read_auth(headers, froms, TRUST)
+
+
+# --- settings -------------------------------------------------------------------
+
+
+def test_settings_lowercase_and_default_hosts() -> None:
+    assert TRUST.trusted_authserv_ids == frozenset({"mx.help.example"})
+    assert TRUST.trusted_hosts == frozenset({"mx.help.example"})
+    other = TrustSettings.of(["mx.help.example"], ["Filter.Help.Example.", "mx.help.example"])
+    assert other.trusted_hosts == frozenset({"filter.help.example", "mx.help.example"})
+
+
+# --- the trusted block ----------------------------------------------------------
+
+
+def test_pass_in_the_trusted_block_authenticates() -> None:
+    v = verdict([ar("mx.help.example; dmarc=pass header.from=example.org"), OURS])
+    assert (v.dmarc, v.authenticated, v.authserv_id) == ("pass", True, "mx.help.example")
+    assert v.reason == "dmarc=pass from mx.help.example"
+
+
+def test_block_ends_at_the_first_foreign_received() -> None:
+    v = verdict([OURS, FOREIGN, ar("mx.help.example; dmarc=pass header.from=example.org")])
+    assert (v.dmarc, v.authenticated, v.authserv_id) == ("absent", False, None)
+
+
+def test_the_foreign_received_itself_ends_the_block() -> None:
+    v = verdict([FOREIGN, ar("mx.help.example; dmarc=pass header.from=example.org")])
+    assert v.dmarc == "absent"
+
+
+def test_several_trusted_hops_stay_in_the_block() -> None:
+    filt = ("Received", "from localhost by filter.help.example (amavis) id 3; Mon, 6 Jan 2025")
+    trust = TrustSettings.of(["mx.help.example"], ["mx.help.example", "filter.help.example"])
+    headers = [OURS, filt, OURS, ar("mx.help.example; dmarc=pass header.from=example.org"), FOREIGN]
+    assert read_auth(headers, ("a@example.org",), trust).authenticated
+    # without filter.help.example in trusted_hosts its Received is foreign
+    assert not read_auth(headers, ("a@example.org",), TRUST).authenticated
+
+
+def test_received_without_a_by_clause_is_foreign() -> None:
+    headers = [
+        ("Received", "from x.example; Mon, 6 Jan 2025"),
+        ar("mx.help.example; dmarc=pass header.from=example.org"),
+    ]
+    assert verdict(headers).dmarc == "absent"
+
+
+@pytest.mark.parametrize(
+    ("value", "host"),
+    [
+        (
+            "from a (a [1.2.3.4]) by MX.Help.Example. (Postfix) with ESMTPS id 1; date",
+            "mx.help.example",
+        ),
+        ("from a\r\n\tBY mx.help.example\r\n\twith LMTP; date", "mx.help.example"),
+        ("from a (helo by evil.example) by mx.help.example with SMTP; Mon", "mx.help.example"),
+        ("from a (nested (by evil.example) comment) by mx.help.example; d", "mx.help.example"),
+        ("from by (by mx.help.example) by relay.example with SMTP; d", "relay.example"),
+        ("by mx.help.example with LMTP id x; d", "mx.help.example"),
+        ("from a with SMTP; by mx.help.example", None),
+        ("from a (unclosed comment by mx.help.example", None),
+        ("", None),
+    ],
+)
+def test_received_by(value: str, host: str | None) -> None:
+    assert received_by(value) == host
+
+
+# --- which A-R counts ------------------------------------------------------------
+
+
+def test_untrusted_authserv_id_is_ignored() -> None:
+    v = verdict([ar("mx.google.example; dmarc=pass header.from=example.org"), OURS])
+    assert v.dmarc == "absent"
+
+
+def test_authserv_id_is_case_insensitive_and_comments_are_skipped() -> None:
+    v = verdict([ar("(ours) MX.HELP.EXAMPLE 1; dmarc=pass header.from=example.org"), OURS])
+    assert v.authenticated
+    assert v.authserv_id == "mx.help.example"
+
+
+def test_topmost_dmarc_result_wins_and_blocks_never_combine() -> None:
+    v = verdict(
+        [
+            ar("mx.help.example; dmarc=fail header.from=example.org"),
+            ar("mx.help.example; dmarc=pass header.from=example.org"),
+            OURS,
+        ]
+    )
+    assert (v.dmarc, v.authenticated) == ("fail", False)
+
+
+def test_a_trusted_ar_without_dmarc_is_passed_over() -> None:
+    v = verdict(
+        [
+            ar("mx.help.example; dkim=pass header.d=example.org; spf=pass smtp.mailfrom=a.example"),
+            ar("mx.help.example; dmarc=pass header.from=example.org"),
+            OURS,
+        ]
+    )
+    assert v.authenticated
+
+
+def test_untrusted_ar_on_top_does_not_hide_the_trusted_one() -> None:
+    v = verdict(
+        [
+            ar("mx.google.example; dmarc=fail header.from=example.org"),
+            ar("mx.help.example; dmarc=pass header.from=example.org"),
+            OURS,
+        ]
+    )
+    assert v.authenticated
+
+
+def test_none_result_header() -> None:
+    assert verdict([ar("mx.help.example; none"), OURS]).dmarc == "absent"
+
+
+@pytest.mark.parametrize("raw", ["fail", "none", "temperror", "permerror"])
+def test_other_results_are_reported_as_they_are(raw: str) -> None:
+    v = verdict([ar(f"mx.help.example; dmarc={raw} header.from=example.org"), OURS])
+    assert (v.dmarc, v.authenticated, v.header_from) == (raw, False, "example.org")
+
+
+@pytest.mark.parametrize(("raw", "mapped"), [("bestguesspass", "none"), ("softfail", "permerror")])
+def test_unknown_results_are_mapped(raw: str, mapped: str) -> None:
+    v = verdict([ar(f"mx.help.example; dmarc={raw} header.from=example.org"), OURS])
+    assert (v.dmarc, v.authenticated) == (mapped, False)
+
+
+def test_unparseable_trusted_dmarc_is_permerror_and_not_rescued() -> None:
+    v = verdict(
+        [
+            ar("mx.help.example; dmarc=@pass header.from=example.org"),
+            ar("mx.help.example; dmarc=pass header.from=example.org"),
+            OURS,
+        ]
+    )
+    assert (v.dmarc, v.authenticated, v.authserv_id) == ("permerror", False, "mx.help.example")
+
+
+def test_damage_in_other_methods_does_not_matter() -> None:
+    v = verdict([ar("mx.help.example; dkim=@@@; dmarc=pass header.from=example.org"), OURS])
+    assert v.authenticated
+
+
+def test_dmarc_inside_a_comment_or_quotes_is_not_a_result() -> None:
+    v = verdict(
+        [
+            ar(
+                "mx.help.example; arc=pass (i=1 dmarc=pass; fromdomain=example.org); "
+                'spf=pass reason="x; dmarc=pass" smtp.mailfrom=example.org'
+            ),
+            OURS,
+        ]
+    )
+    assert v.dmarc == "absent"
+
+
+def test_pass_without_header_from_does_not_authenticate() -> None:
+    v = verdict([ar("mx.help.example; dmarc=pass policy.dmarc=none"), OURS])
+    assert (v.dmarc, v.authenticated, v.header_from) == ("fail", False, None)
+    v = verdict([ar("mx.help.example; dmarc=pass (unclosed header.from=example.org"), OURS])
+    assert not v.authenticated
+
+
+# --- DMARC pass applies to the single From domain ------------------------------
+
+
+def test_pass_for_another_domain_is_fail() -> None:
+    v = verdict([ar("mx.help.example; dmarc=pass header.from=evil.example"), OURS])
+    assert (v.dmarc, v.authenticated) == ("fail", False)
+    assert "evil.example" in v.reason
+
+
+def test_several_from_addresses_are_never_authenticated() -> None:
+    v = verdict(
+        [ar("mx.help.example; dmarc=pass header.from=example.org"), OURS],
+        ("a@example.org", "b@example.org"),
+    )
+    assert (v.dmarc, v.authenticated) == ("fail", False)
+    assert "2 From addresses" in v.reason
+
+
+def test_no_from_address_is_not_authenticated() -> None:
+    v = verdict([ar("mx.help.example; dmarc=pass header.from=example.org"), OURS], ())
+    assert (v.dmarc, v.authenticated) == ("fail", False)
+
+
+def test_header_from_compares_case_insensitively_and_as_a_labels() -> None:
+    v = verdict(
+        [ar("mx.help.example; dmarc=pass header.from=Example.ORG."), OURS], ("a@EXAMPLE.org",)
+    )
+    assert v.authenticated
+    v = verdict(
+        [ar("mx.help.example; dmarc=pass header.from=xn--bcher-kva.example"), OURS],
+        ("a@Bücher.example",),
+    )
+    assert v.authenticated
+    v = verdict(
+        [ar("mx.help.example; dmarc=pass header.from=bücher.example"), OURS],
+        ("a@xn--bcher-kva.example",),
+    )
+    assert v.authenticated
+
+
+def test_header_from_written_as_an_address() -> None:
+    v = verdict([ar("mx.help.example; dmarc=pass header.from=x@example.org"), OURS])
+    assert v.authenticated
+
+
+def test_domain_key() -> None:
+    assert domain_key("Bücher.Example.") == "xn--bcher-kva.example"
+    assert domain_key("EXAMPLE.org") == "example.org"
+    bad = "ü" * 80 + ".example"  # a label IDNA cannot encode stays as it is
+    assert domain_key(bad) == bad
+
+
+# --- automation -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "mail_from", "reason"),
+    [
+        ([("Auto-Submitted", "auto-replied")], "a@x.example", "Auto-Submitted: auto-replied"),
+        (
+            [("auto-submitted", "Auto-Generated; owner-email=a@x")],
+            "a@x.example",
+            "Auto-Submitted: auto-generated",
+        ),
+        (
+            [("Auto-Submitted", "(vacation) auto-notified")],
+            "a@x.example",
+            "Auto-Submitted: auto-notified",
+        ),
+        ([("Auto-Submitted", "")], "a@x.example", "Auto-Submitted: (empty)"),
+        ([("Precedence", "bulk")], "a@x.example", "Precedence: bulk"),
+        ([("Precedence", "List")], "a@x.example", "Precedence: list"),
+        ([("PRECEDENCE", "junk (spam)")], "a@x.example", "Precedence: junk"),
+        ([], "", "null sender"),
+        ([], "<>", "null sender"),
+        ([], " <> ", "null sender"),
+        (
+            [("Precedence", "bulk"), ("Auto-Submitted", "auto-replied")],
+            "",
+            "Auto-Submitted: auto-replied",
+        ),
+    ],
+)
+def test_automated(headers: list[tuple[str, str]], mail_from: str, reason: str) -> None:
+    a = read_automation(headers, mail_from)
+    assert (a.is_automated, a.reason) == (True, reason)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [("Auto-Submitted", "no")],
+        [("Auto-Submitted", "No (written by hand)")],
+        [("Precedence", "first-class")],
+        [("List-Id", "<x.lists.example>")],
+        [("X-Auto-Submitted", "auto-replied")],
+    ],
+)
+def test_not_automated(headers: list[tuple[str, str]]) -> None:
+    a = read_automation(headers, "a@x.example")
+    assert (a.is_automated, a.reason) == (False, None)
+
+
+def test_one_auto_submitted_other_than_no_is_enough() -> None:
+    a = read_automation([("Auto-Submitted", "no"), ("Auto-Submitted", "auto-replied")], "a@x")
+    assert a.is_automated
+
+
+# --- small parsers ------------------------------------------------------------------
+
+
+def test_strip_comments() -> None:
+    assert strip_comments("a (b (c) d) e") == "a   e"
+    assert strip_comments('a "(not a comment)" b') == 'a "(not a comment)" b'
+    assert strip_comments(r"a (x \) y) b") == "a   b"
+    assert strip_comments("a (unclosed") == "a "
+
+
+def test_split_resinfo() -> None:
+    assert split_resinfo('id; a=b (c; d) e="f;g"; h=i') == ["id", ' a=b (c; d) e="f;g"', " h=i"]
