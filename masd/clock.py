@@ -8,6 +8,7 @@ waiting for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 
@@ -20,10 +21,8 @@ class Clock:
     async def wait(self, event: asyncio.Event, until: float | None) -> None:
         """Wait until ``event`` is set or the clock reaches ``until`` (None: no limit)."""
         timeout = None if until is None else max(0.0, until - self.now())
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
 class TestClock(Clock):

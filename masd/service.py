@@ -369,9 +369,20 @@ def due_outbox(
     return items[:limit]
 
 
-def next_outbox_at(db: Database) -> float | None:
-    row = db.execute("SELECT MIN(next_attempt_at) FROM outbox WHERE state = 'pending'").fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+def next_outbox_at(db: Database, busy: Iterable[str] = ()) -> float | None:
+    """When the next queue head not in ``busy`` falls due.
+
+    Not the earliest pending row: a row behind a head in backoff is not due.
+    """
+    skip = set(busy)
+    rows = db.execute(
+        "SELECT o.queue, o.next_attempt_at FROM outbox o WHERE o.state = 'pending' "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
+        "ORDER BY o.next_attempt_at LIMIT ?",
+        (len(skip) + 1,),
+    ).fetchall()
+    times = [float(at) for queue, at in rows if queue not in skip]
+    return times[0] if times else None
 
 
 def outbox_done(db: Database, item_id: int, now: float) -> None:
@@ -394,7 +405,8 @@ def outbox_retry(rt: Runtime, db: Database, item: OutboxItem, error: str, now: f
         outbox_failed(rt, db, item, f"gave up after {item.attempts + 1} attempts: {error}", now)
         return False
     db.execute(
-        "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? WHERE id = ?",
+        "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
+        "WHERE id = ?",
         (error[:1000], next_at, item.id),
     )
     return True
@@ -474,7 +486,8 @@ def _record_status(db: Database, case: CaseView, s: Status, now: float) -> None:
         "SELECT COALESCE(MAX(n), 0) + 1 FROM statuses WHERE handoff_id = ?", (s.handoff_id,)
     ).fetchone()[0]
     db.execute(
-        "INSERT INTO statuses (handoff_id, n, seq, status, source, data, at) VALUES (?,?,?,?,?,?,?)",
+        "INSERT INTO statuses (handoff_id, n, seq, status, source, data, at) "
+        "VALUES (?,?,?,?,?,?,?)",
         (s.handoff_id, n, s.seq, s.status, s.source, dumps(dict(s.fields)), now),
     )
     terminal = MACHINE.is_terminal(s.status)

@@ -420,7 +420,8 @@ def cancel_from_master(
     forwarded), answer {"ok": true}. On a terminal handoff: 409"."""
     if handoff.closed:
         raise WireError(
-            f'handoff_id: {handoff.handoff_id} is already "{handoff.status}"; nothing follows a terminal status',
+            f'handoff_id: {handoff.handoff_id} is already "{handoff.status}"; '
+            "nothing follows a terminal status",
             code="invalid-transition",
             status=409,
         )

@@ -89,7 +89,8 @@ class StatusMachine:
             raise TransitionError(f'status: "{new}" is not a status of CONTRACT §4 (from {where})')
         if where in self.terminal:
             raise TransitionError(
-                f'status: "{new}" after terminal status "{where}"; nothing follows a terminal status'
+                f'status: "{new}" after terminal status "{where}"; '
+                "nothing follows a terminal status"
             )
         if new not in self.allowed(current):
             raise TransitionError(

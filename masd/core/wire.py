@@ -287,7 +287,8 @@ def _policy(raw: Any, where: str) -> PolicyPatch:
                 )
         else:
             raise _bad(
-                f'{prefix}transfers: {json.dumps(transfers)[:200]} is not "block" or {{"webhook": URL}}'
+                f"{prefix}transfers: {json.dumps(transfers)[:200]} "
+                'is not "block" or {"webhook": URL}'
             )
     return PolicyPatch(autonomous, url)
 

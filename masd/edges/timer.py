@@ -1,0 +1,140 @@
+"""The deadline timer: master-role handoffs that ran out of time (PROFILE §8).
+
+"Deadline = time handoff.request was recorded + the endpoint's deadline. At
+the deadline with no terminal status: record timed-out ...".  Deadlines live
+in the store (``handoffs.deadline_at``), so they survive a restart; this loop
+sleeps until the earliest one (or a wake: a new handoff may be due sooner)
+and fires each due handoff in its own store job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from sqlite_utils import Database
+
+from masd import service
+from masd.clock import Clock
+from masd.metrics import Metrics
+from masd.service import Runtime
+from masd.store import Store
+
+log = logging.getLogger("masd.timer")
+
+#: Real seconds to rest after the store failed, and before trying a handoff
+#: whose firing failed again (it stays due; this keeps the loop from spinning).
+PAUSE: Final = 1.0
+RETRY_FAILED_AFTER: Final = 60.0
+#: Handoffs read per query when many deadlines fall due at once.
+PAGE: Final = 100
+
+
+class DeadlineTimer:
+    """Fires due deadlines; see the module docstring."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        store: Store,
+        clock: Clock,
+        metrics: Metrics,
+        on_commit: Callable[[], None],
+    ) -> None:
+        self._rt = rt
+        self._store = store
+        self._clock = clock
+        self._metrics = metrics
+        self._on_commit = on_commit
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failing: dict[str, float] = {}  # handoff id -> clock time to try again
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("DeadlineTimer already started")
+        self._task = asyncio.create_task(self._run(), name="masd-timer")
+
+    def wake(self) -> None:
+        """Look again (a deadline may have been added)."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Cancel the loop; a firing in progress still commits or not at all (store jobs)."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()  # before reading: a wake from now on is not lost
+            try:
+                await self._fire_due()
+                until = await self._store.read(self._next)
+            except Exception as exc:  # noqa: BLE001 - the store failing must not end the loop
+                log.warning("deadline check failed error=%s", exc)
+                await _pause(self._wake, PAUSE)
+                continue
+            await self._clock.wait(self._wake, until)
+
+    async def _fire_due(self) -> None:
+        """Fire every handoff due now, except those that failed a moment ago."""
+        while True:
+            now = self._clock.now()
+            due = await self._store.read(
+                functools.partial(service.due_deadlines, now=now, limit=PAGE)
+            )
+            todo = [h for h in due if self._failing.get(h, 0.0) <= now]
+            if len(due) < PAGE:
+                # A failed handoff no longer due was closed meanwhile: forget it.
+                for gone in [h for h, at in self._failing.items() if at <= now and h not in due]:
+                    del self._failing[gone]
+            for handoff_id in todo:
+                await self._fire(handoff_id, now)
+            if len(due) < PAGE or not todo:
+                return
+
+    def _next(self, db: Database) -> float | None:
+        """When to look again: the next deadline, or a failed firing's retry time."""
+        if not self._failing:
+            return service.next_deadline(db)
+        row = db.execute(
+            "SELECT MIN(deadline_at) FROM handoffs WHERE closed_at IS NULL "
+            "AND deadline_at IS NOT NULL "
+            "AND handoff_id NOT IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(self._failing)),),
+        ).fetchone()
+        times = [*self._failing.values()]
+        if row is not None and row[0] is not None:
+            times.append(float(row[0]))
+        return min(times)
+
+    async def _fire(self, handoff_id: str, now: float) -> None:
+        rt = self._rt
+        try:
+            done = await self._store.write(
+                lambda db: service.fire_deadline(rt, db, handoff_id, now)
+            )
+        except Exception as exc:  # noqa: BLE001 - one bad handoff must not stop the others
+            self._failing[handoff_id] = now + RETRY_FAILED_AFTER
+            log.error("deadline failed handoff=%s error=%r", handoff_id, exc)
+            return
+        self._failing.pop(handoff_id, None)
+        if done:
+            self._metrics.inc("masd_deadlines_fired_total")
+            log.info("deadline fired handoff=%s status=timed-out", handoff_id)
+        self._on_commit()
+
+
+async def _pause(event: asyncio.Event, seconds: float) -> None:
+    """Rest a little real time (not clock time: a test clock may stand still)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)

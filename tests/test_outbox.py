@@ -1,0 +1,388 @@
+"""The outbox sender (PROFILE §4, §7) against a real peer, a real relay and a real store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.outbox import (
+    CALLBACK_PEER,
+    CALLBACK_TOKEN,
+    Env,
+    deliver,
+    eventually,
+    inbound,
+    make_env,
+    query,
+)
+
+from masd.clock import TestClock
+from masd.edges.outbox import Outbox
+from masd.testing import FakePeer, Recorded
+
+REQUEST = "ticket!callback@help.example"
+INTAKE = "ticket@help.example"
+CASE = "ticket=gs-1@help.example"
+
+
+def run(tmp_path: Path, body: Callable[[Env], Awaitable[None]], **env_args: Any) -> None:
+    async def main() -> None:
+        env = await make_env(tmp_path, **env_args)
+        try:
+            await body(env)
+        finally:
+            await env.close()
+
+    asyncio.run(main())
+
+
+def outbox_of(env: Env) -> Outbox:
+    return Outbox(env.rt, env.store, env.clock, env.metrics)
+
+
+async def outbox_rows(env: Env) -> list[dict[str, Any]]:
+    return await query(env, "SELECT * FROM outbox ORDER BY id")
+
+
+async def thread(env: Env, kind: str) -> list[dict[str, Any]]:
+    entries = await query(
+        env, "SELECT data FROM thread WHERE case_key = ? AND kind = ? ORDER BY seq", (CASE, kind)
+    )
+    return [json.loads(e["data"]) for e in entries]
+
+
+def contract(rec: Recorded) -> dict[str, Any]:
+    assert isinstance(rec.json, dict)
+    return rec.json
+
+
+def test_handoff_request_and_acknowledgement_go_out(tmp_path: Path) -> None:
+    async def body(env: Env) -> None:
+        raw, mid = inbound(REQUEST)
+        delivered = await deliver(env, REQUEST, raw)
+        assert delivered.case_key == CASE
+        outbox = outbox_of(env)
+        outbox.start()
+        [req] = await env.peer.wait_for(1)
+        [mail] = await env.sink.wait_for(1)
+        await outbox.stop()
+
+        assert req.method == "POST"
+        assert req.path == "/mas"
+        assert req.headers["authorization"] == f"Bearer {CALLBACK_TOKEN}"
+        assert req.headers["content-type"] == "application/json"
+        msg = contract(req)
+        assert msg["type"] == "handoff.request"
+        assert msg["case"] == {"address": CASE, "key": CASE}
+        assert msg["mode"] == "callback"
+        assert msg["participant"] == {"address": "alice@example.com"}
+        assert msg["details"] == {"subject": "Please call me", "phone": "+1 555 0100"}
+        assert msg["status_url"] == "http://127.0.0.1:8025/mas/v0.1/messages"
+        [handoff] = await query(env, "SELECT handoff_id FROM handoffs")
+        assert msg["handoff_id"] == handoff["handoff_id"]
+
+        assert mail.mail_from == CASE
+        assert mail.rcpt_tos == ("alice@example.com",)
+        m = mail.message
+        assert m["From"] == CASE
+        assert m["To"] == "alice@example.com"
+        assert m["Auto-Submitted"] == "auto-replied"
+        assert m["In-Reply-To"] == mid
+        assert m["References"] == mid
+        assert m["Message-ID"].endswith("@help.example>")
+        assert CASE in m.get_content()
+
+        assert [r["state"] for r in await outbox_rows(env)] == ["done", "done"]
+        assert env.metrics.value("masd_outbox_attempts_total", kind="contract", result="done") == 1
+        assert env.metrics.value("masd_outbox_attempts_total", kind="mail", result="done") == 1
+
+    run(tmp_path, body)
+
+
+def test_5xx_is_retried_with_the_same_id_and_delivered_once(tmp_path: Path) -> None:
+    async def body(env: Env) -> None:
+        env.peer.answer((503, {"ok": False, "error": "busy"}))
+        await deliver(env, REQUEST, inbound(REQUEST)[0])
+        outbox = outbox_of(env)
+        outbox.start()
+        first, second = await env.peer.wait_for(2)
+        await env.sink.wait_for(1)
+        await outbox.stop()
+
+        assert contract(first)["id"] == contract(second)["id"]
+        assert first.body == second.body
+        assert len(env.peer.requests) == 2
+        request_row = next(r for r in await outbox_rows(env) if r["kind"] == "contract")
+        assert request_row["state"] == "done"
+        assert request_row["attempts"] == 2
+        assert env.metrics.value("masd_outbox_attempts_total", kind="contract", result="retry") == 1
+        [status] = await query(env, "SELECT status FROM handoffs")
+        assert status["status"] == "requested"
+
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize(
+    ("status", "answer"),
+    [
+        (400, {"ok": False, "error": "invalid-message", "detail": "details.phone: not a number"}),
+        (307, "see elsewhere"),  # redirects are never followed: refused like a 4xx
+    ],
+)
+def test_refused_handoff_request_records_failed_and_resumes_by_mail(
+    tmp_path: Path, status: int, answer: Any
+) -> None:
+    async def body(env: Env) -> None:
+        env.peer.answer((status, answer))
+        await deliver(env, REQUEST, inbound(REQUEST)[0])
+        outbox = outbox_of(env)
+        outbox.start()
+        ack, resume = await env.sink.wait_for(2)
+        await outbox.stop()
+
+        assert len(env.peer.requests) == 1  # not retried
+        [handoff] = await query(env, "SELECT handoff_id, status, closed_at FROM handoffs")
+        assert handoff["status"] == "failed"
+        assert handoff["closed_at"] is not None
+        [failed] = await query(
+            env,
+            "SELECT source, data FROM statuses WHERE handoff_id = ? AND status = 'failed'",
+            (handoff["handoff_id"],),
+        )
+        assert failed["source"] == "email"
+        detail = json.loads(failed["data"])["detail"]
+        assert detail.startswith(f"HTTP {status}: ")
+        [df] = await thread(env, "delivery.failed")
+        assert df["type"] == "handoff.request"
+        assert df["peer"] == CALLBACK_PEER
+        assert df["detail"] == detail
+        if status == 400:
+            assert "details.phone: not a number" in detail
+
+        assert "has been received" in ack.message.get_content()
+        assert "could not be carried out" in resume.message.get_content()
+        assert resume.message["Auto-Submitted"] == "auto-replied"
+        states = {r["kind"]: r["state"] for r in await outbox_rows(env) if r["kind"] == "contract"}
+        assert states == {"contract": "failed"}
+        assert (
+            env.metrics.value("masd_outbox_attempts_total", kind="contract", result="failed") == 1
+        )
+
+    run(tmp_path, body)
+
+
+def test_one_queue_keeps_its_order_under_retries_and_does_not_block_others(
+    tmp_path: Path,
+) -> None:
+    """PROFILE §7: "Messages about one case to one peer are delivered in order"."""
+    seen_a1 = 0
+
+    def script(rec: Recorded) -> tuple[int, Any]:
+        nonlocal seen_a1
+        if contract(rec)["id"] == "a1":
+            seen_a1 += 1
+            if seen_a1 == 1:
+                return 502, {"ok": False}
+        return 200, {"ok": True}
+
+    async def body(env: Env) -> None:
+        assert isinstance(env.clock, TestClock)
+        now = env.clock.now()
+
+        def insert(db: Any) -> None:
+            for queue, mid in [("A", "a1"), ("A", "a2"), ("B", "b1"), ("A", "a3"), ("B", "b2")]:
+                db.execute(
+                    "INSERT INTO outbox (kind, queue, peer, url, payload, created_at, "
+                    "next_attempt_at, deliver_until) VALUES ('contract', ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        queue,
+                        CALLBACK_PEER,
+                        env.peer.url + "mas",
+                        json.dumps({"type": "test", "id": mid}),
+                        now,
+                        now,
+                        now + 3600,
+                    ),
+                )
+
+        await env.store.write(insert)
+        outbox = outbox_of(env)
+        outbox.start()
+        # The clock stands still: a1 waits in backoff, b1 and b2 go on.
+        await env.peer.wait_for(3)
+        await eventually(
+            lambda: env.metrics.value(
+                "masd_outbox_attempts_total", kind="contract", result="retry"
+            ),
+            "a1's failed attempt recorded",
+        )
+        ids = [contract(r)["id"] for r in env.peer.requests]
+        assert sorted(ids) == ["a1", "b1", "b2"]
+        assert ids.index("b1") < ids.index("b2")
+
+        env.clock.advance(301)  # past any backoff step
+        await env.peer.wait_for(6)
+        await outbox.stop()
+        ids = [contract(r)["id"] for r in env.peer.requests]
+        assert [i for i in ids if i.startswith("a")] == ["a1", "a1", "a2", "a3"]
+        assert len(ids) == 6
+        assert {r["state"] for r in await outbox_rows(env)} == {"done"}
+
+    run(tmp_path, body, clock=TestClock(1_700_000_000.0), peer=FakePeer(script))
+
+
+def test_pending_rows_survive_a_restart(tmp_path: Path) -> None:
+    up = False
+
+    def script(rec: Recorded) -> tuple[int, Any]:
+        return (200, {"ok": True}) if up else (500, {"ok": False})
+
+    async def body(env: Env) -> None:
+        nonlocal up
+        await env.sink.set_down(True)
+        await deliver(env, REQUEST, inbound(REQUEST)[0])
+        outbox = outbox_of(env)
+        outbox.start()
+        await env.peer.wait_for(1)
+        await eventually(
+            lambda: (
+                env.metrics.value("masd_outbox_attempts_total", kind="mail", result="retry")
+                and env.metrics.value("masd_outbox_attempts_total", kind="contract", result="retry")
+            ),
+            "both first attempts recorded",
+        )
+        await outbox.stop()
+        before = await outbox_rows(env)
+        assert [r["state"] for r in before] == ["pending", "pending"]
+        assert all(r["attempts"] >= 1 for r in before)
+        assert "Connect" in before[1]["last_error"] or "refused" in before[1]["last_error"]
+
+        # A new masd on the same store file delivers what was pending.
+        up = True
+        await env.sink.set_down(False)
+        again = env.reopen()
+        env.store = again.store
+        outbox = outbox_of(again)
+        outbox.start()
+        await env.sink.wait_for(1)
+
+        async def all_done() -> bool:
+            return all(r["state"] == "done" for r in await outbox_rows(again))
+
+        await eventually(all_done, "every pending row delivered")
+        await outbox.stop()
+        requests = env.peer.requests
+        assert len(requests) >= 2
+        assert {contract(r)["id"] for r in requests} == {contract(requests[0])["id"]}
+
+    run(tmp_path, body, peer=FakePeer(script))
+
+
+def test_unreachable_peer_is_retried(tmp_path: Path) -> None:
+    async def body(env: Env) -> None:
+        await env.peer.close()  # nothing listens at the endpoint's port any more
+        await deliver(env, REQUEST, inbound(REQUEST)[0])
+        outbox = outbox_of(env)
+        outbox.start()
+        await env.sink.wait_for(1)
+        await eventually(
+            lambda: env.metrics.value(
+                "masd_outbox_attempts_total", kind="contract", result="retry"
+            ),
+            "a failed connection recorded",
+        )
+        await outbox.stop()
+        row = next(r for r in await outbox_rows(env) if r["kind"] == "contract")
+        assert row["state"] == "pending"
+        assert row["last_error"].startswith("ConnectError")
+
+    run(tmp_path, body)
+
+
+def test_smtp_relay_down_is_retried_not_lost(tmp_path: Path) -> None:
+    async def body(env: Env) -> None:
+        await env.sink.set_down(True)
+        await deliver(env, INTAKE, inbound(INTAKE)[0])
+        outbox = outbox_of(env)
+        outbox.start()
+        await eventually(
+            lambda: env.metrics.value("masd_outbox_attempts_total", kind="mail", result="retry"),
+            "a refused connection recorded",
+        )
+        [row] = await outbox_rows(env)
+        assert row["state"] == "pending"
+        assert "refused" in row["last_error"].lower()
+        await env.sink.set_down(False)
+        [mail] = await env.sink.wait_for(1)
+        await outbox.stop()
+        assert mail.message["From"] == CASE
+        [row] = await outbox_rows(env)
+        assert row["state"] == "done"
+
+    run(tmp_path, body)
+
+
+def test_smtp_4xx_is_retried(tmp_path: Path) -> None:
+    async def body(env: Env) -> None:
+        env.sink.refuse("451 4.3.0 try again later")
+        await deliver(env, INTAKE, inbound(INTAKE)[0])
+        outbox = outbox_of(env)
+        outbox.start()
+        [mail] = await env.sink.wait_for(1)
+        await outbox.stop()
+        assert len(env.sink.refused) == 1
+        assert env.sink.refused[0].raw == mail.raw  # the same message, again
+        [row] = await outbox_rows(env)
+        assert (row["state"], row["attempts"]) == ("done", 2)
+
+    run(tmp_path, body)
+
+
+@pytest.mark.parametrize("at", ["DATA", "RCPT"])
+def test_smtp_5xx_records_delivery_failed(tmp_path: Path, at: Any) -> None:
+    async def body(env: Env) -> None:
+        env.sink.refuse("554 5.7.1 rejected by policy", at=at)
+        await deliver(env, INTAKE, inbound(INTAKE)[0])
+        outbox = outbox_of(env)
+        outbox.start()
+        await eventually(
+            lambda: env.metrics.value("masd_outbox_attempts_total", kind="mail", result="failed"),
+            "the refusal recorded",
+        )
+        await outbox.stop()
+        assert env.sink.messages == []
+        [row] = await outbox_rows(env)
+        assert row["state"] == "failed"
+        [df] = await thread(env, "delivery.failed")
+        assert df["kind"] == "mail"
+        assert df["to"] == "alice@example.com"
+        assert df["detail"] == "SMTP 554 5.7.1 rejected by policy"
+
+    run(tmp_path, body)
+
+
+def test_stop_lets_an_in_flight_send_finish(tmp_path: Path) -> None:
+    release = asyncio.Event()
+
+    async def slow(rec: Recorded) -> tuple[int, Any]:
+        await release.wait()
+        return 200, {"ok": True}
+
+    async def body(env: Env) -> None:
+        await deliver(env, REQUEST, inbound(REQUEST)[0])
+        outbox = outbox_of(env)
+        outbox.start()
+        await env.peer.wait_for(1)
+        stopping = asyncio.create_task(outbox.stop())
+        await asyncio.sleep(0.05)
+        assert not stopping.done()  # waiting for the send in flight
+        release.set()
+        await stopping
+        row = next(r for r in await outbox_rows(env) if r["kind"] == "contract")
+        assert row["state"] == "done"
+
+    run(tmp_path, body, peer=FakePeer(slow))
