@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import click
 
 from masd import __version__
-from masd.config import ConfigErrors, format_summary, load_config
+from masd.config import Config, ConfigErrors, format_summary, load_config
 
 
 @click.group()
@@ -20,6 +21,12 @@ def main() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 def check_config(file: Path) -> None:
     """Validate FILE and every secret it names; print a summary, or every error."""
+    config = _load(file)
+    click.echo(format_summary(config))
+
+
+def _load(file: Path) -> Config:
+    """The config, or every error on stderr and exit status 1."""
     try:
         config = load_config(file)
     except ConfigErrors as exc:
@@ -30,4 +37,132 @@ def check_config(file: Path) -> None:
         raise SystemExit(1) from None
     for warning in config.warnings:
         click.echo(f"warning: {warning}", err=True)
-    click.echo(format_summary(config))
+    return config
+
+
+_CONFIG = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/etc/masd/masd.toml"),
+    show_default=True,
+    help="The masd TOML file.",
+)
+
+
+@main.command()
+@_CONFIG
+@click.option(
+    "--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR."
+)
+def serve(config_file: Path, log_level: str) -> None:
+    """Run masd: the LMTP and HTTP listeners, the outbox and the deadline timer.
+
+    Stops cleanly on SIGTERM or SIGINT: stops accepting, finishes what is in
+    flight, exits 0.
+    """
+    from masd.app import App, configure_logging
+    from masd.store import StoreError
+
+    config = _load(config_file)
+    configure_logging(log_level)
+    try:
+        asyncio.run(App(config).run())
+    except StoreError as exc:
+        click.echo(f"masd: {exc}", err=True)
+        raise SystemExit(1) from None
+    except OSError as exc:
+        click.echo(f"masd: cannot listen: {exc}", err=True)
+        raise SystemExit(1) from None
+
+
+@main.command()
+def demo() -> None:
+    """Run a demo on loopback: masd, a demo mode endpoint and a mail sink; print each thread."""
+    from masd.demo import main as run_demo
+
+    raise SystemExit(run_demo())
+
+
+@main.group()
+def db() -> None:
+    """The store: migrations and backups."""
+
+
+@db.command("migrate")
+@_CONFIG
+def db_migrate(config_file: Path) -> None:
+    """Apply pending migrations to the store named in the config."""
+    from masd.store import StoreError, migrate
+
+    config = _load(config_file)
+    try:
+        applied = migrate(config.server.database)
+    except StoreError as exc:
+        click.echo(f"masd: {exc}", err=True)
+        raise SystemExit(1) from None
+    click.echo(f"applied: {', '.join(applied)}" if applied else "up to date")
+
+
+@db.command("backup")
+@_CONFIG
+@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
+def db_backup(config_file: Path, dest: Path) -> None:
+    """Copy the store to DEST online (SQLite backup API), while masd runs."""
+    from masd.store import StoreError, backup
+
+    config = _load(config_file)
+    try:
+        backup(config.server.database, dest)
+    except StoreError as exc:
+        click.echo(f"masd: {exc}", err=True)
+        raise SystemExit(1) from None
+    click.echo(f"backed up {config.server.database} to {dest}")
+
+
+@main.group()
+def case() -> None:
+    """Read cases and their threads (PROFILE §11)."""
+
+
+@case.command("show")
+@_CONFIG
+@click.argument("key")
+def case_show(config_file: Path, key: str) -> None:
+    """Print the case KEY (its address or equivalence key) and its thread as a timeline."""
+    from masd.core.address import parse_address
+    from masd.core.errors import AddressError
+    from masd.readside import case_json, format_case, thread_json
+    from masd.store import Store
+
+    config = _load(config_file)
+    try:
+        key = parse_address(key, delimiter="").key
+    except AddressError as exc:
+        click.echo(f"masd: {key}: {exc.detail}", err=True)
+        raise SystemExit(1) from None
+    with Store.open(config.server.database) as store:
+        found = store.read_sync(lambda db: case_json(db, key))
+        if found is None:
+            click.echo(f"masd: no case {key}", err=True)
+            raise SystemExit(1)
+        thread = store.read_sync(lambda db: thread_json(db, key, 0, 100_000))
+    click.echo(format_case(found, thread))
+
+
+@case.command("list")
+@_CONFIG
+@click.option("--limit", default=50, show_default=True, help="How many cases, newest first.")
+@click.option("--domain", default=None, help="Only cases of this domain.")
+def case_list(config_file: Path, limit: int, domain: str | None) -> None:
+    """List the newest cases: key, role, participant, open handoff."""
+    from masd.readside import list_cases
+    from masd.store import Store
+
+    config = _load(config_file)
+    with Store.open(config.server.database) as store:
+        rows = store.read_sync(lambda db: list_cases(db, limit, domain))
+    for row in rows:
+        click.echo(
+            "  ".join(str(row.get(k) or "-") for k in ("key", "role", "participant", "handoff"))
+        )

@@ -1,0 +1,179 @@
+"""Wiring and lifecycle: one process, one asyncio loop, every edge on it.
+
+Start order: store (migrations applied), then the outbox and the deadline
+timer (so work left by a previous run resumes), then the LMTP and HTTP
+listeners; ``READY=1`` goes to systemd when both listen.  Stop order
+(SIGTERM): stop accepting, let in-flight deliveries and requests finish,
+let in-flight sends finish, close the store; exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from masd.clock import Clock
+from masd.config import Config
+from masd.edges.http import HttpEdge, HttpServer, start_http
+from masd.edges.lmtp import LmtpHandler, start_lmtp
+from masd.edges.outbox import Outbox
+from masd.edges.timer import DeadlineTimer
+from masd.metrics import Metrics
+from masd.service import Runtime
+from masd.store import Store
+
+log = logging.getLogger("masd.app")
+
+#: How long SIGTERM waits for in-flight deliveries before closing anyway.
+DRAIN_SECONDS = 30.0
+
+
+def sd_notify(state: str) -> bool:
+    """Tell systemd ``state`` (e.g. ``READY=1``) if it asked (``$NOTIFY_SOCKET``)."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]  # abstract namespace
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(state.encode())
+    return True
+
+
+def new_id() -> str:
+    """A random id of 128 bits (PROFILE §1: handoff ids "cannot be guessed")."""
+    return secrets.token_hex(16)
+
+
+@dataclass
+class Listening:
+    lmtp: asyncio.AbstractServer
+    http: HttpServer
+
+
+class App:
+    """masd, running: build with a config, ``await start()``, ``await stop()``."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        clock: Clock | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock or Clock()
+        self.metrics = Metrics()
+        self.rt = Runtime(config, new_id)
+        self._transport = transport
+        self.store: Store | None = None
+        self.listening: Listening | None = None
+        self._stopped = asyncio.Event()
+
+    def _on_commit(self) -> None:
+        self.outbox.wake()
+        self.timer.wake()
+
+    def timer_wake(self) -> None:
+        self.timer.wake()
+
+    async def start(self) -> Listening:
+        self.store = await asyncio.to_thread(Store.open, self.config.server.database)
+        store = self.store
+        self.outbox = Outbox(
+            self.rt,
+            store,
+            self.clock,
+            self.metrics,
+            transport=self._transport,
+            on_commit=self.timer_wake,
+        )
+        self.timer = DeadlineTimer(self.rt, store, self.clock, self.metrics, self._on_commit)
+        self.outbox.start()
+        self.timer.start()
+        self.lmtp_handler = LmtpHandler(self.rt, store, self.clock, self.metrics, self._on_commit)
+        server = self.config.server
+        lmtp = await start_lmtp(
+            server.lmtp,
+            self.lmtp_handler,
+            hostname=server.hostname,
+            max_message_bytes=server.max_message_bytes,
+        )
+        self.http_edge = HttpEdge(self.rt, store, self.clock, self.metrics, self._on_commit)
+        try:
+            http = await start_http(server.http, self.http_edge)
+        except BaseException:
+            lmtp.close()
+            raise
+        self.listening = Listening(lmtp, http)
+        bound = http.addresses[0] if http.addresses else None
+        if urlsplit(server.public_url).port == 0 and isinstance(bound, tuple):
+            # public_url defaulted from "host:0": statuses go to the port bound.
+            host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+            self.rt.status_url = f"http://{host}:{bound[1]}/mas/v0.1/messages"
+        log.info(
+            "ready lmtp=%s http=%s database=%s",
+            _where(lmtp),
+            http.addresses,
+            server.database,
+        )
+        sd_notify("READY=1")
+        return self.listening
+
+    async def stop(self) -> None:
+        """Stop accepting, finish what is in flight, close the store."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        sd_notify("STOPPING=1")
+        if self.listening is not None:
+            self.listening.lmtp.close()
+            await self._drain_lmtp()
+            await self.listening.http.close()
+        if self.store is not None:
+            await self.timer.stop()
+            await self.outbox.stop()
+            await asyncio.to_thread(self.store.close)
+        log.info("stopped")
+
+    async def _drain_lmtp(self) -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + DRAIN_SECONDS
+        while getattr(self.lmtp_handler, "in_flight", 0) and loop.time() < until:
+            await asyncio.sleep(0.05)
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM or SIGINT, stop."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+            log.info("signal received; stopping")
+        finally:
+            await self.stop()
+
+
+def _where(server: asyncio.AbstractServer) -> str:
+    sockets = getattr(server, "sockets", None) or ()
+    names = [s.getsockname() for s in sockets]
+    return ", ".join(str(n) for n in names)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """One line per decision: time, level, component, ``key=value`` pairs."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
