@@ -21,10 +21,11 @@ from typing import Any
 
 from sqlite_utils import Database
 
-from masd.config import Config, TypeConfig
-from masd.core import compose
-from masd.core.address import Address
+from masd.config import Config, TypeConfig, webhook_for
+from masd.core import compose, texts
+from masd.core.address import Address, check_id, parse_address
 from masd.core.engine import (
+    OK,
     AbandonRequest,
     CaseView,
     Context,
@@ -33,23 +34,40 @@ from masd.core.engine import (
     EndpointView,
     HandoffView,
     OpenHandoff,
+    Peer,
+    PolicyView,
     Reply,
     SendContract,
     SendMail,
     Status,
     Thread,
+    Transfer,
     TypeView,
+    cancel_from_master,
     master_deadline,
     master_mail,
     request_failed,
+    slave_mail,
+    slave_request,
     status_from_mode,
 )
 from masd.core.errors import MasdError, TransitionError, WireError
-from masd.core.event import ParsedMail
+from masd.core.event import ParsedMail, build_event
 from masd.core.principle10 import CAP_WINDOW_SECONDS, Caps, Counts, Recipient, decide_send
 from masd.core.status import MACHINE
-from masd.core.wire import Envelope, HandoffStatus, decode
-from masd.peers import Directory, Principal, mode_peer_id, peers_of
+from masd.core.trust import TrustSettings
+from masd.core.wire import (
+    CaseAssign,
+    CasePolicy,
+    Envelope,
+    HandoffCancel,
+    HandoffStatus,
+    MailSend,
+    PolicyPatch,
+    decode,
+    envelope,
+)
+from masd.peers import Directory, Principal, master_peer_id, mode_peer_id, peers_of, webhook_peer_id
 from masd.store.schema import append_thread, dumps, next_number
 
 log = logging.getLogger("masd")
@@ -102,6 +120,31 @@ class Runtime:
             require_dmarc_for_handoff=typ.require_dmarc_for_handoff,
             id_prefix=typ.id_prefix,
         )
+
+    def trust(self) -> TrustSettings:
+        server = self.config.server
+        return TrustSettings(
+            frozenset(server.trusted_authserv_ids), frozenset(server.trusted_hosts)
+        )
+
+    def master_of(self, domain: str, type_: str) -> Peer:
+        master = self.type_config(domain, type_).master
+        if master is None:
+            raise MasdError(f"type {type_} at {domain} has no master", code="not-slave")
+        return Peer(master_peer_id(domain, type_), master.url)
+
+    def default_policy(self, domain: str, type_: str) -> PolicyView:
+        policy = self.type_config(domain, type_).policy
+        return PolicyView(policy.autonomous_send, policy.transfers)
+
+    def transfer(self, domain: str, type_: str, policy: PolicyView) -> Transfer | None:
+        """The webhook a policy's transfers URL points at (PROFILE §10), or None."""
+        if policy.transfers == "block":
+            return None
+        hook = webhook_for(self.type_config(domain, type_), policy.transfers)
+        if hook is None:
+            return None
+        return Transfer(webhook_peer_id(domain, type_, hook.url), policy.transfers, hook.fields)
 
     def url_of(self, peer_id: str | None) -> str | None:
         peer = self.directory.by_id.get(peer_id or "")
@@ -200,10 +243,8 @@ def deliver(
         m = _row(db, "SELECT case_key FROM messages WHERE message_ref = ?", (seen["message_ref"],))
         return Delivered(seen["message_ref"], (m or {}).get("case_key") or "", duplicate=True)
     typ = rt.type_view(rcpt.domain, rcpt.type)
-    if typ.role != "master":
-        raise MasdError(
-            f"type {rcpt.type} at {rcpt.domain} is a slave-role type", code="not-master"
-        )
+    if typ.role == "slave":
+        return _deliver_slave(rt, db, rcpt, mail, raw, sha256, now, dedupe)
     case: CaseView | None = None
     new_case_id = ""
     if rcpt.kind == "resource":
@@ -217,12 +258,30 @@ def deliver(
         created = next(e for e in effects if isinstance(e, CreateCase))
         case = created.case
         _create_case(db, case, now)
+    _record_message(db, mail, raw, sha256, now, dedupe, case_key=case.key)
+    apply(rt, db, case, [e for e in effects if not isinstance(e, CreateCase)], now)
+    return Delivered(ev.message_ref, case.key)
+
+
+def _record_message(
+    db: Database,
+    mail: ParsedMail,
+    raw: bytes,
+    sha256: str,
+    now: float,
+    dedupe: str,
+    *,
+    case_key: str | None,
+    intake_ref: str | None = None,
+) -> None:
+    ev = mail.event
     db.execute(
-        "INSERT INTO messages (message_ref, case_key, rcpt_to, mail_from, message_id, "
-        "from_address, sha256, size, raw, event, received_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        "INSERT INTO messages (message_ref, case_key, intake_ref, rcpt_to, mail_from, message_id, "
+        "from_address, sha256, size, raw, event, received_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             ev.message_ref,
-            case.key,
+            case_key,
+            intake_ref,
             ev.rcpt_to,
             ev.mail_from,
             ev.message_id,
@@ -239,8 +298,97 @@ def deliver(
         "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at",
         (dedupe, ev.message_ref, now),
     )
-    apply(rt, db, case, [e for e in effects if not isinstance(e, CreateCase)], now)
+
+
+def _deliver_slave(
+    rt: Runtime,
+    db: Database,
+    rcpt: Address,
+    mail: ParsedMail,
+    raw: bytes,
+    sha256: str,
+    now: float,
+    dedupe: str,
+) -> Delivered:
+    """CONTRACT §3.2.1-§3.2.2: intake mail becomes case.intake; case mail case.message."""
+    ev = mail.event
+    master = rt.master_of(rcpt.domain, rcpt.type)
+    if rcpt.kind == "intake":
+        # "Email MUST NOT invent case identifiers in this role. Until
+        # assigned, the intake stays pending."
+        intake_ref = f"intake-{rt.new_id()}"
+        _record_message(db, mail, raw, sha256, now, dedupe, case_key=None, intake_ref=intake_ref)
+        db.execute(
+            "INSERT INTO intakes (intake_ref, domain, type, message_ref, requested_mode, "
+            "created_at) VALUES (?,?,?,?,?,?)",
+            (intake_ref, rcpt.domain, rcpt.type, ev.message_ref, rcpt.mode, now),
+        )
+        message = envelope(
+            "case.intake",
+            f"intake-{ev.message_ref}",
+            None,
+            intake_ref=intake_ref,
+            resource_type=rcpt.type,
+            event=ev.to_json(),
+        )
+        # PROFILE §9: "case.intake carries requested_mode always, null when none".
+        message["requested_mode"] = rcpt.mode
+        _queue_outbox(
+            rt,
+            db,
+            "contract",
+            f"intake:{intake_ref}|{master.peer}",
+            master.peer,
+            None,
+            master.url,
+            message,
+            now,
+        )
+        log.info("intake pending intake_ref=%s message_ref=%s", intake_ref, ev.message_ref)
+        return Delivered(ev.message_ref, "")
+    case = load_case(rt, db, rcpt.key)
+    if case is None:
+        raise UnknownCase(f"no case {rcpt.key}")
+    _record_message(db, mail, raw, sha256, now, dedupe, case_key=case.key)
+    policy = _policy(rt, db, case)
+    effects = slave_mail(
+        case,
+        rcpt,
+        mail,
+        policy,
+        rt.context(now),
+        master=master,
+        transfer=rt.transfer(case.domain, case.type, policy),
+        require_dmarc=rt.type_config(case.domain, case.type).require_dmarc_for_handoff,
+    )
+    apply(rt, db, case, effects, now)
     return Delivered(ev.message_ref, case.key)
+
+
+def _policy(rt: Runtime, db: Database, case: CaseView) -> PolicyView:
+    """The case's policy: the type's defaults, overridden by what the master set."""
+    base = rt.default_policy(case.domain, case.type)
+    row = _row(db, "SELECT policy FROM cases WHERE key = ?", (case.key,))
+    stored = json.loads(row["policy"]) if row and row["policy"] else {}
+    return PolicyView(
+        bool(stored.get("autonomous_send", base.autonomous_send)),
+        str(stored.get("transfers", base.transfers)),
+    )
+
+
+def _patched(policy: PolicyView, patch: PolicyPatch | None) -> PolicyView:
+    """PROFILE §9: "case.policy changes only the fields it carries"."""
+    if patch is None:
+        return policy
+    return PolicyView(
+        policy.autonomous_send if patch.autonomous_send is None else patch.autonomous_send,
+        policy.transfers if patch.transfers is None else patch.transfers,
+    )
+
+
+def _store_policy(db: Database, case_key: str, policy: PolicyView) -> None:
+    stored = {"autonomous_send": policy.autonomous_send, "transfers": policy.transfers}
+    db.execute("UPDATE cases SET policy = ? WHERE key = ?", (dumps(stored), case_key))
 
 
 def _create_case(db: Database, case: CaseView, now: float) -> None:
@@ -285,29 +433,227 @@ def receive(
 def _dispatch(rt: Runtime, db: Database, who: Principal, env: Envelope, now: float) -> Reply:
     msg = decode(env)
     if isinstance(msg, HandoffStatus):
-        handoff = load_handoff(rt, db, msg.handoff_id)
-        if not case_exists(db, msg.case.key):
-            raise WireError(f"case.key: no case {msg.case.key}", code="unknown-case", status=404)
-        if handoff is None or handoff.case_key != msg.case.key:
-            raise WireError(
-                f"handoff_id: no handoff {msg.handoff_id} on case {msg.case.key}",
-                code="unknown-handoff",
-                status=404,
-            )
-        if not who.covers(handoff.peer):
-            raise WireError(
-                f"handoff_id: {msg.handoff_id} was not sent to this peer",
-                code="forbidden",
-                status=403,
-            )
-        case = load_case(rt, db, msg.case.key)
-        assert case is not None
-        reply = status_from_mode(case, handoff, msg, resume=case.role == "master")
-        apply(rt, db, case, reply.effects, now)
-        return reply
-    raise WireError(
-        f"type: {env.type} is for slave-role types, not served here", code="forbidden", status=403
+        return _handoff_status(rt, db, who, msg, now)
+    if isinstance(msg, CaseAssign):
+        return _case_assign(rt, db, who, msg, now)
+    # The rest name a case, owned by a master (PROFILE §6: "a master may send
+    # only master messages, only for its own domain and types").
+    _check_transfers(rt, msg)
+    case = load_case(rt, db, msg.case.key)
+    if case is None:
+        raise WireError(f"case.key: no case {msg.case.key}", code="unknown-case", status=404)
+    if case.role != "slave" or not who.serves(case.domain, case.type):
+        raise WireError(
+            f"case: {case.key} is not a case of this master", code="forbidden", status=403
+        )
+    append_thread(db, case.key, "contract.in", {"type": env.type, "id": env.id}, at=now)
+    if isinstance(msg, CasePolicy):
+        policy = _patched(_policy(rt, db, case), msg.policy)
+        _store_policy(db, case.key, policy)
+        return Reply(200, OK)
+    if isinstance(msg, MailSend):
+        return _mail_send(rt, db, case, msg, now)
+    assert isinstance(msg, HandoffCancel)
+    handoff = load_handoff(rt, db, msg.handoff_id)
+    if handoff is None or handoff.case_key != case.key:
+        raise WireError(
+            f"handoff_id: no handoff {msg.handoff_id} on case {case.key}",
+            code="unknown-handoff",
+            status=404,
+        )
+    reply = cancel_from_master(case, handoff, msg, rt.context(now))
+    apply(rt, db, case, reply.effects, now)
+    return reply
+
+
+def _check_transfers(rt: Runtime, msg: CasePolicy | MailSend | HandoffCancel) -> None:
+    """PROFILE §10: a transfers URL outside the configured webhooks is ``400 invalid-message``."""
+    if isinstance(msg, CasePolicy):
+        type_, domain = msg.case.key.partition("=")[0], msg.case.key.rpartition("@")[2]
+        _check_webhook(rt, domain, type_, msg.policy, "transfers.webhook")
+
+
+def _check_webhook(
+    rt: Runtime, domain: str, type_: str, patch: PolicyPatch | None, field: str
+) -> None:
+    if patch is None or patch.transfers in (None, "block"):
+        return
+    typ = rt.config.type_for(domain, type_)
+    if typ is None or webhook_for(typ, patch.transfers or "") is None:
+        raise WireError(
+            f"{field}: {patch.transfers!r} is not under a configured webhooks url "
+            f"of {type_}@{domain}",
+            code="invalid-message",
+        )
+
+
+def _handoff_status(
+    rt: Runtime, db: Database, who: Principal, msg: HandoffStatus, now: float
+) -> Reply:
+    handoff = load_handoff(rt, db, msg.handoff_id)
+    if not case_exists(db, msg.case.key):
+        raise WireError(f"case.key: no case {msg.case.key}", code="unknown-case", status=404)
+    if handoff is None or handoff.case_key != msg.case.key:
+        raise WireError(
+            f"handoff_id: no handoff {msg.handoff_id} on case {msg.case.key}",
+            code="unknown-handoff",
+            status=404,
+        )
+    if not who.covers(handoff.peer):
+        raise WireError(
+            f"handoff_id: {msg.handoff_id} was not sent to this peer", code="forbidden", status=403
+        )
+    case = load_case(rt, db, msg.case.key)
+    assert case is not None
+    if case.role == "master":
+        reply = status_from_mode(case, handoff, msg, resume=True)
+    else:
+        # CONTRACT §3.2.4: email "relays every handoff.status to the master,
+        # and does the negotiation ... only when autonomous_send is true".
+        policy = _policy(rt, db, case)
+        reply = status_from_mode(
+            case,
+            handoff,
+            msg,
+            resume=False,
+            ask=policy.autonomous_send,
+            relay=rt.master_of(case.domain, case.type),
+        )
+    apply(rt, db, case, reply.effects, now)
+    return reply
+
+
+def _case_assign(rt: Runtime, db: Database, who: Principal, msg: CaseAssign, now: float) -> Reply:
+    """CONTRACT §3.2.1: the master names the case; email adopts ``TYPE=ID@D``."""
+    intake = _row(db, "SELECT * FROM intakes WHERE intake_ref = ?", (msg.intake_ref,))
+    if intake is None:
+        raise WireError(
+            f"intake_ref: no intake {msg.intake_ref}", code="unknown-intake", status=404
+        )
+    domain, type_ = intake["domain"], intake["type"]
+    if not who.serves(domain, type_):
+        raise WireError(
+            f"intake_ref: {msg.intake_ref} is not an intake of this master",
+            code="forbidden",
+            status=403,
+        )
+    try:
+        resource_id = check_id(msg.resource_id, type=type_)
+    except MasdError as exc:
+        raise WireError(f"resource_id: {exc.detail}", code="invalid-message") from exc
+    _check_webhook(rt, domain, type_, msg.policy, "policy.transfers.webhook")
+    address = parse_address(f"{type_}={resource_id}@{domain}", delimiter="")
+    ref = {"address": address.canonical, "key": address.key}
+    if intake["case_key"] is not None:
+        if intake["case_key"] == address.key:
+            return Reply(200, {"ok": True, "case": ref})  # the same assignment again
+        raise WireError(
+            f"intake_ref: {msg.intake_ref} is already assigned to {intake['case_key']}",
+            code="already-assigned",
+            status=409,
+        )
+    message = _row(db, "SELECT * FROM messages WHERE message_ref = ?", (intake["message_ref"],))
+    assert message is not None
+    case = load_case(rt, db, address.key)
+    if case is None:
+        case = CaseView(
+            key=address.key,
+            address=address.canonical,
+            domain=domain,
+            type=type_,
+            id=resource_id,
+            role="slave",
+            participant=message["from_address"] or "",
+        )
+        _create_case(db, case, now)
+        _store_policy(db, case.key, _patched(rt.default_policy(domain, type_), msg.policy))
+    elif msg.policy is not None:
+        _store_policy(db, case.key, _patched(_policy(rt, db, case), msg.policy))
+    db.execute(
+        "UPDATE intakes SET case_key = ?, assigned_at = ? WHERE intake_ref = ?",
+        (case.key, now, msg.intake_ref),
     )
+    # PROFILE §9: "On case.assign the intake's message becomes the case's
+    # first message: mail.send may answer it."
+    db.execute(
+        "UPDATE messages SET case_key = ? WHERE message_ref = ?", (case.key, message["message_ref"])
+    )
+    event = json.loads(message["event"])
+    append_thread(
+        db,
+        case.key,
+        "mail.in",
+        {
+            "message_ref": message["message_ref"],
+            "from": message["from_address"],
+            "subject": event.get("subject"),
+            "dmarc": event.get("auth", {}).get("dmarc"),
+            "automated": bool(event.get("automated", {}).get("is")),
+            "intake_ref": msg.intake_ref,
+            **({"requested_mode": intake["requested_mode"]} if intake["requested_mode"] else {}),
+        },
+        at=now,
+    )
+    append_thread(db, case.key, "contract.in", {"type": "case.assign", "id": msg.id}, at=now)
+    log.info("intake assigned intake_ref=%s key=%s", msg.intake_ref, case.key)
+    policy = _policy(rt, db, case)
+    effects: list[Effect] = []
+    if policy.autonomous_send:
+        effects.append(
+            SendMail(
+                "acknowledge", texts.acknowledge(case.address), reply_to=message["message_ref"]
+            )
+        )
+    if intake["requested_mode"]:
+        # "A mode requested in the intake mail (requested_mode) is handled
+        # under that policy once the case exists."
+        parsed = build_event(
+            message["raw"],
+            mail_from=message["mail_from"],
+            rcpt_to=message["rcpt_to"],
+            received_at=event.get("received_at", ""),
+            message_ref=message["message_ref"],
+            trust=rt.trust(),
+        )
+        effects += slave_request(
+            load_case(rt, db, case.key) or case,
+            intake["requested_mode"],
+            parsed,
+            policy,
+            rt.context(now),
+            master=rt.master_of(domain, type_),
+            transfer=rt.transfer(domain, type_, policy),
+            require_dmarc=rt.type_config(domain, type_).require_dmarc_for_handoff,
+        )
+    apply(rt, db, case, effects, now)
+    return Reply(200, {"ok": True, "case": ref})
+
+
+def _mail_send(rt: Runtime, db: Database, case: CaseView, msg: MailSend, now: float) -> Reply:
+    """CONTRACT §3.2.3: a reply to a recorded message of the case, to its sender."""
+    subject = msg.subject
+    refusal = apply(
+        rt,
+        db,
+        case,
+        [
+            SendMail(
+                "reply", msg.body, subject=subject, reply_to=msg.in_reply_to, auto_submitted=False
+            )
+        ],
+        now,
+    )[0]
+    if refusal is not None:
+        return Reply(
+            422,
+            {
+                "ok": False,
+                "error": "refused",
+                "reason": refusal,
+                "detail": f"in_reply_to {msg.in_reply_to}: {refusal}",
+            },
+        )
+    return Reply(200, {"ok": True, "sent": True})
 
 
 # --------------------------------------------------------------------------- time and outbox
@@ -514,22 +860,38 @@ def _record_status(db: Database, case: CaseView, s: Status, now: float) -> None:
     )
 
 
-def _queue_contract(rt: Runtime, db: Database, case: CaseView, s: SendContract, now: float) -> None:
-    message = dict(s.message)
+def _queue_outbox(
+    rt: Runtime,
+    db: Database,
+    kind: str,
+    queue: str,
+    peer: str,
+    case_key: str | None,
+    url: str | None,
+    payload: Mapping[str, Any],
+    now: float,
+) -> None:
+    """One outbox row; rows of one ``queue`` are delivered in order (PROFILE §7)."""
     db.execute(
         "INSERT INTO outbox (kind, queue, peer, case_key, url, payload, created_at, "
-        "next_attempt_at, deliver_until) VALUES ('contract', ?, ?, ?, ?, ?, ?, ?, ?)",
+        "next_attempt_at, deliver_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
-            f"{case.key}|{s.peer}",
-            s.peer,
-            case.key,
-            s.url,
-            dumps(message),
+            kind,
+            queue,
+            peer,
+            case_key,
+            url,
+            dumps(dict(payload)),
             now,
             now,
             now + rt.config.server.retry_for,
         ),
     )
+
+
+def _queue_contract(rt: Runtime, db: Database, case: CaseView, s: SendContract, now: float) -> None:
+    message = dict(s.message)
+    _queue_outbox(rt, db, "contract", f"{case.key}|{s.peer}", s.peer, case.key, s.url, message, now)
     append_thread(
         db,
         case.key,
@@ -647,11 +1009,7 @@ def _send_mail(rt: Runtime, db: Database, case: CaseView, s: SendMail, now: floa
         "domain": case.domain,
         "message": raw.decode("utf-8"),
     }
-    db.execute(
-        "INSERT INTO outbox (kind, queue, peer, case_key, url, payload, created_at, "
-        "next_attempt_at, deliver_until) VALUES ('mail', ?, 'smtp', ?, NULL, ?, ?, ?, ?)",
-        (f"{case.key}|smtp", case.key, dumps(payload), now, now, now + rt.config.server.retry_for),
-    )
+    _queue_outbox(rt, db, "mail", f"{case.key}|smtp", "smtp", case.key, None, payload, now)
     db.execute("UPDATE cases SET sent_count = sent_count + 1 WHERE key = ?", (case.key,))
     db.execute(
         "INSERT INTO send_log (case_key, recipient, at) VALUES (?, ?, ?)",

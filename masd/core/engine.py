@@ -346,12 +346,21 @@ def _update(case: CaseView, h: HandoffView, details: Mapping[str, str], mid: str
 
 
 def status_from_mode(
-    case: CaseView, handoff: HandoffView, msg: HandoffStatus, *, resume: bool
+    case: CaseView,
+    handoff: HandoffView,
+    msg: HandoffStatus,
+    *,
+    resume: bool,
+    ask: bool | None = None,
+    relay: Peer | None = None,
 ) -> Reply:
     """A ``handoff.status`` from the peer the handoff was sent to (CONTRACT §2, §4).
 
-    ``resume``: whether email mails the participant itself (master role, or
-    slave with autonomous_send) on a terminal status or a question.
+    ``resume``: email mails the participant on a terminal status (the master
+    role, CONTRACT §3.1.3).  ``ask``: email mails the negotiation question
+    (the master role, or a slave case with autonomous_send; defaults to
+    ``resume``).  ``relay``: the outside master every status is relayed to
+    (the slave role, CONTRACT §3.2.4).
     """
     # CONTRACT §2: "A receiver MUST ignore a status whose seq is not greater
     # than the last one it accepted".  PROFILE §6 puts this before the
@@ -359,18 +368,31 @@ def status_from_mode(
     if handoff.last_seq is not None and msg.seq <= handoff.last_seq:
         return Reply(200, STALE)
     # CONTRACT §4: "A receiver MUST refuse a transition that the table does
-    # not allow"; a mode is never the timeout owner.
+    # not allow"; a mode is never the timeout owner (in the slave role,
+    # "Email sets no deadline and never records timed-out").
     MACHINE.check(handoff.status, msg.status, source="mode", timeout_owner=False)
     fields = msg.fields()
     effects: list[Effect] = [Status(handoff.handoff_id, msg.status, msg.seq, "mode", fields)]
-    if resume:
-        if MACHINE.is_terminal(msg.status):
-            # CONTRACT §3.1.3: "On every terminal status, email resumes".
-            text = texts.resume(case.address, handoff.mode, msg.status, fields)
-            effects.append(SendMail("resume", text))
-        elif msg.status == "negotiating" and msg.needs:
-            text = texts.question(case.address, handoff.mode, msg.needs, msg.detail)
-            effects.append(SendMail("question", text))
+    if relay is not None:
+        # The relay keeps the mode's seq: the master orders statuses by it.
+        # Its id is email's own, derived so a status relayed twice is one.
+        relayed = envelope(
+            "handoff.status",
+            f"relay-{handoff.handoff_id}-{msg.seq}",
+            case.ref,
+            handoff_id=handoff.handoff_id,
+            seq=msg.seq,
+            status=msg.status,
+            **fields,
+        )
+        effects.append(SendContract(relay.peer, relay.url, relayed, handoff.handoff_id))
+    if resume and MACHINE.is_terminal(msg.status):
+        # CONTRACT §3.1.3: "On every terminal status, email resumes".
+        text = texts.resume(case.address, handoff.mode, msg.status, fields)
+        effects.append(SendMail("resume", text))
+    elif (resume if ask is None else ask) and msg.status == "negotiating" and msg.needs:
+        text = texts.question(case.address, handoff.mode, msg.needs, msg.detail)
+        effects.append(SendMail("question", text))
     return Reply(200, OK, effects)
 
 
@@ -439,3 +461,164 @@ def cancel_from_master(
         )
         effects.append(SendContract(handoff.peer, handoff.url, fwd, handoff.handoff_id))
     return Reply(200, OK, effects)
+
+
+# --------------------------------------------------------------------------- slave role
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A peer to send to: its id (for credentials and ordering) and URL."""
+
+    peer: str
+    url: str
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """A slave case's policy (CONTRACT §3.2.3-§3.2.4, PROFILE §9)."""
+
+    autonomous_send: bool
+    transfers: str  # "block", or the webhook URL
+
+    def to_json(self) -> dict[str, Any]:
+        transfers: Any = "block" if self.transfers == "block" else {"webhook": self.transfers}
+        return {"autonomous_send": self.autonomous_send, "transfers": transfers}
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Where a slave case's policy sends a handoff: the webhook peer and its fields."""
+
+    peer: str
+    url: str  # the URL the policy names (under the configured webhook's URL)
+    fields: tuple[str, ...]
+
+
+def case_message(case: CaseView, message_ref: str, event: Mapping[str, Any]) -> dict[str, Any]:
+    """CONTRACT §3.2.2: "Inbound mail on a case is reported as case.message"."""
+    return envelope(
+        "case.message", f"msg-{message_ref}", case.ref, event=dict(event), message_ref=message_ref
+    )
+
+
+def slave_mail(
+    case: CaseView,
+    address: Address,
+    mail: ParsedMail,
+    policy: PolicyView,
+    ctx: Context,
+    *,
+    master: Peer,
+    transfer: Transfer | None,
+    require_dmarc: bool,
+) -> list[Effect]:
+    """A mail on an assigned slave case: recorded, reported, and a ``!MODE`` handled."""
+    ev = mail.event
+    entry: dict[str, Any] = {
+        "message_ref": ev.message_ref,
+        "from": ev.from_address,
+        "subject": ev.subject,
+        "dmarc": ev.dmarc,
+        "automated": mail.automation.is_automated,
+    }
+    if address.mode:
+        entry["requested_mode"] = address.mode
+    effects: list[Effect] = [
+        Thread("mail.in", entry),
+        SendContract(master.peer, master.url, case_message(case, ev.message_ref, ev.to_json())),
+    ]
+    if address.mode:
+        effects += slave_request(
+            case,
+            address.mode,
+            mail,
+            policy,
+            ctx,
+            master=master,
+            transfer=transfer,
+            require_dmarc=require_dmarc,
+        )
+    elif policy.autonomous_send:
+        # PROFILE §5: "In the slave role without autonomous_send, email asks
+        # nothing and sends no handoff.update".
+        effects += _master_negotiation_reply(case, mail)
+    return effects
+
+
+def slave_request(
+    case: CaseView,
+    mode: str,
+    mail: ParsedMail | None,
+    policy: PolicyView,
+    ctx: Context,
+    *,
+    master: Peer,
+    transfer: Transfer | None,
+    require_dmarc: bool,
+) -> list[Effect]:
+    """``!MODE`` on a slave case, under its policy (CONTRACT §3.2.4, PROFILE §9).
+
+    ``mail`` is the mail that asked (None never happens on the wire; kept
+    for the intake whose mail is already recorded).  "The type's modes list
+    does not apply to slave types: any well-formed !MODE goes to the master
+    under the case's policy."
+    """
+    if case.open_handoff is not None:
+        return []  # one open handoff per case
+    handoff_id = ctx.new_id()
+
+    def requested(forwarded: bool, **extra: Any) -> SendContract:
+        message = envelope(
+            "handoff.requested",
+            f"req-{handoff_id}",
+            case.ref,
+            handoff_id=handoff_id,
+            mode=mode,
+            forwarded=forwarded,
+            **extra,
+        )
+        return SendContract(master.peer, master.url, message, handoff_id)
+
+    typ = TypeView("slave", frozenset(), {}, False, require_dmarc, "")
+    if mail is not None and not may_steer(mail, case, typ):
+        # PROFILE §3's steering rule holds in both roles: recorded and
+        # refused with reason blocked; the master learns it was not forwarded.
+        return [
+            OpenHandoff(
+                handoff_id,
+                mode,
+                peer="email",
+                url=None,
+                deadline_at=None,
+                details={},
+                forwarded=False,
+            ),
+            Status(handoff_id, "requested", None, "email"),
+            Status(handoff_id, "refused", None, "email", {"reason": "blocked"}),
+            requested(False, reason="blocked"),
+        ]
+    if policy.transfers == "block" or transfer is None:
+        # CONTRACT §3.2.4: "With block, a !MODE request is reported as
+        # handoff.requested with "forwarded": false, and nothing else happens."
+        return [requested(False)]
+    details = {"subject": (mail.event.subject if mail else "") or ""}
+    if mail is not None:
+        details.update(find_fields(mail.event.text or "", transfer.fields))
+    request = envelope(
+        "handoff.request",
+        ctx.new_id(),
+        case.ref,
+        handoff_id=handoff_id,
+        mode=mode,
+        details=details,
+        status_url=ctx.status_url,
+        participant={"address": case.participant},
+    )
+    # No deadline: "Timeouts belong to the master" (CONTRACT §3.2.5).
+    return [
+        OpenHandoff(handoff_id, mode, transfer.peer, transfer.url, None, details, forwarded=True),
+        Status(handoff_id, "requested", None, "email"),
+        SendContract(transfer.peer, transfer.url, request, handoff_id),
+        requested(True),
+    ]

@@ -88,9 +88,6 @@ class Replies:
     UNKNOWN_CASE: Final = ReplyCode(550, "5.1.1", "unknown-case")
     TOO_BIG: Final = ReplyCode(552, "5.3.4", "too-big")
     LINE_TOO_LONG: Final = ReplyCode(554, "5.6.0", "line-too-long")
-    # Slave-role types do not take mail over LMTP yet (service.deliver refuses
-    # them with "not-master"); temporary, so Postfix keeps the mail queued.
-    NOT_SERVED: Final = ReplyCode(451, "4.3.0", "not-served")
     FAULT: Final = ReplyCode(451, "4.3.0", "fault")
 
 
@@ -262,29 +259,7 @@ class LmtpHandler:
 
     async def check_recipient(self, rcpt: str) -> tuple[ReplyCode, str]:
         """PROFILE §2 at RCPT: would a mail to ``rcpt`` be recorded?"""
-        if _undecodable(rcpt):
-            return Replies.BAD_ADDRESS, f"address: {rcpt!r} is not UTF-8"
-        try:
-            addr = self.parse(rcpt)
-        except AddressError as exc:
-            return _address_refusal(exc), exc.detail
-        typ = self.rt.config.type_for(addr.domain, addr.type)
-        if typ is None:
-            return Replies.UNKNOWN_TYPE, f"type: no type {addr.type!r} at {addr.domain}"
-        if typ.role != "master":
-            return (
-                Replies.NOT_SERVED,
-                f"type {addr.type} at {addr.domain} has the slave role, not served over LMTP yet",
-            )
-        if addr.kind == "resource":
-            try:
-                exists = await self.store.read(lambda db: service.case_exists(db, addr.key))
-            except Exception:
-                log.exception("rcpt=%s key=%s store fault at RCPT", rcpt, addr.key)
-                return Replies.FAULT, "store unavailable, try again later"
-            if not exists:
-                return Replies.UNKNOWN_CASE, f"id: no case {addr.canonical}"
-        return Replies.RECIPIENT_OK, f"{addr.canonical} ok"
+        return await check_recipient(self.rt, self.store, rcpt)
 
     async def record(self, raw: bytes, mail_from: str, rcpts: Sequence[str]) -> RecipientReplies:
         """Record one message for each recipient; the reply lines, in order.  Never raises."""
@@ -349,11 +324,8 @@ class LmtpHandler:
         except AddressError as exc:
             reply, text = _address_refusal(exc), exc.detail
         except MasdError as exc:
-            if exc.code == "not-master":
-                reply, text = Replies.NOT_SERVED, exc.detail
-            else:
-                log.error("rcpt=%s not recorded: %s", rcpt, exc, exc_info=exc)
-                reply, text = Replies.FAULT, f"temporary failure ({exc.code}), try again later"
+            log.error("rcpt=%s not recorded: %s", rcpt, exc, exc_info=exc)
+            reply, text = Replies.FAULT, f"temporary failure ({exc.code}), try again later"
         except Exception as exc:
             log.error("rcpt=%s not recorded: internal fault", rcpt, exc_info=exc)
             reply, text = Replies.FAULT, "temporary failure, try again later"
@@ -384,6 +356,35 @@ class LmtpHandler:
         """Wait until every recording in flight has finished (for shutdown)."""
         while self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+
+
+async def check_recipient(rt: Runtime, store: Store, rcpt: str) -> tuple[ReplyCode, str]:
+    """PROFILE §2 at RCPT: would a mail to ``rcpt`` be recorded?  Never raises.
+
+    The reply masd gives at LMTP RCPT, and the one the policy listener turns
+    into a Postfix access action, so both refuse the same recipients.
+    """
+    if _undecodable(rcpt):
+        return Replies.BAD_ADDRESS, f"address: {rcpt!r} is not UTF-8"
+    config = rt.config
+    try:
+        addr = parse_address(
+            rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
+        )
+    except AddressError as exc:
+        return _address_refusal(exc), exc.detail
+    typ = config.type_for(addr.domain, addr.type)
+    if typ is None:
+        return Replies.UNKNOWN_TYPE, f"type: no type {addr.type!r} at {addr.domain}"
+    if addr.kind == "resource":
+        try:
+            exists = await store.read(lambda db: service.case_exists(db, addr.key))
+        except Exception:
+            log.exception("rcpt=%s key=%s store fault at RCPT", rcpt, addr.key)
+            return Replies.FAULT, "store unavailable, try again later"
+        if not exists:
+            return Replies.UNKNOWN_CASE, f"id: no case {addr.canonical}"
+    return Replies.RECIPIENT_OK, f"{addr.canonical} ok"
 
 
 def _new_ref() -> str:
@@ -473,9 +474,18 @@ class LmtpListenError(MasdError):
 
 
 async def start_lmtp(
-    listen: Listen, handler: LmtpHandler, *, hostname: str, max_message_bytes: int
+    listen: Listen,
+    handler: LmtpHandler,
+    *,
+    hostname: str,
+    max_message_bytes: int,
+    sock: socket.socket | None = None,
 ) -> asyncio.Server:
-    """Bind and start serving; a unix socket gets mode 0660 before it accepts anyone."""
+    """Bind and start serving; a unix socket gets mode 0660 before it accepts anyone.
+
+    ``sock``, an already listening socket (socket activation), is served
+    instead of binding ``listen``; its owner and mode are the socket unit's.
+    """
     loop = asyncio.get_running_loop()
 
     def factory() -> _LmtpProtocol:
@@ -489,6 +499,10 @@ async def start_lmtp(
             loop=loop,
         )
 
+    if sock is not None:
+        if sock.family == socket.AF_UNIX:
+            return await loop.create_unix_server(factory, sock=sock)
+        return await loop.create_server(factory, sock=sock)
     try:
         if isinstance(listen, UnixListen):
             sock = await _unix_socket(str(listen.path))
