@@ -55,25 +55,62 @@ _CONFIG = click.option(
 @click.option(
     "--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR."
 )
-def serve(config_file: Path, log_level: str) -> None:
+@click.option(
+    "--test-clock",
+    is_flag=True,
+    help="Run on a clock that moves only when told (POST /mas/v0.1/test/clock with the admin "
+    "secret), for conformance flows. Refused unless both listeners are on loopback.",
+)
+def serve(config_file: Path, log_level: str, test_clock: bool) -> None:
     """Run masd: the LMTP and HTTP listeners, the outbox and the deadline timer.
 
     Stops cleanly on SIGTERM or SIGINT: stops accepting, finishes what is in
     flight, exits 0.
     """
     from masd.app import App, configure_logging
+    from masd.clock import Clock, TestClock
     from masd.store import StoreError
 
     config = _load(config_file)
+    clock = Clock()
+    if test_clock:
+        exposed = [
+            f"server.{name} = {listen}"
+            for name, listen in (("lmtp", config.server.lmtp), ("http", config.server.http))
+            if not _local(listen)
+        ]
+        if exposed or config.server.admin_token is None:
+            why = ", ".join(exposed) or "no server.admin_token_file to guard it"
+            click.echo(
+                f"masd: --test-clock needs loopback listeners and an admin token: {why}", err=True
+            )
+            raise SystemExit(2)
+        clock = TestClock()
     configure_logging(log_level)
     try:
-        asyncio.run(App(config).run())
+        asyncio.run(App(config, clock=clock).run())
     except StoreError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
     except OSError as exc:
         click.echo(f"masd: cannot listen: {exc}", err=True)
         raise SystemExit(1) from None
+
+
+def _local(listen: object) -> bool:
+    """A unix socket, or TCP on a loopback address."""
+    import ipaddress
+
+    from masd.config import TcpListen
+
+    if not isinstance(listen, TcpListen):
+        return True
+    if listen.host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(listen.host).is_loopback
+    except ValueError:
+        return False
 
 
 @main.command()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Final
@@ -24,7 +25,7 @@ from aiohttp.http import HttpVersion11
 from sqlite_utils import Database
 
 from masd import readside, service
-from masd.clock import Clock
+from masd.clock import Clock, TestClock
 from masd.config import Listen, TcpListen
 from masd.core import wire
 from masd.core.errors import WireError
@@ -38,6 +39,8 @@ log = logging.getLogger("masd.http")
 
 MESSAGES_PATH: Final = "/mas/v0.1/messages"
 CASES_PATH: Final = "/mas/v0.1/cases"
+#: The test clock (masd serve --test-clock only).
+CLOCK_PATH: Final = "/mas/v0.1/test/clock"
 #: PROFILE §6: "413 too-large (body over 256 KiB)".
 MAX_BODY: Final = 256 * 1024
 _CHUNK: Final = 64 * 1024
@@ -170,6 +173,10 @@ class HttpEdge:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get(CASES_PATH + "/{key}", self._case)
         app.router.add_get(CASES_PATH + "/{key}/thread", self._thread)
+        if isinstance(self.clock, TestClock):
+            # Only with `masd serve --test-clock`, which requires loopback listeners.
+            app.router.add_post(CLOCK_PATH, self._tick)
+            app.router.add_get(CLOCK_PATH, self._tick)
         return app
 
     # ------------------------------------------------------------------ plumbing
@@ -368,6 +375,27 @@ class HttpEdge:
             return refusal("unknown-case", f"key: no case {key}")
         return web.json_response(doc)
 
+    async def _tick(self, request: web.Request) -> web.Response:
+        """The test clock: ``POST {"advance": seconds}`` moves masd's time forward."""
+        if (denied := self._admin(request)) is not None:
+            return denied
+        assert isinstance(self.clock, TestClock)
+        if request.method == "POST":
+            try:
+                body = await request.json()
+                seconds = body["advance"]
+                if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+                    raise TypeError(seconds)
+                if not 0 <= seconds <= 10 * 365 * 86400:
+                    raise ValueError(seconds)
+            except (ValueError, TypeError, KeyError) as exc:
+                return refusal(
+                    "invalid-message", f"advance: {exc!s:.80} is not a number of seconds >= 0"
+                )
+            self.clock.advance(float(seconds))
+            self.on_commit()
+        return web.json_response({"ok": True, "now": self.clock.now()})
+
 
 def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int | str:
     """The integer query parameter ``name``, or a text saying why it is refused."""
@@ -392,13 +420,21 @@ class HttpServer:
         await self._runner.cleanup()
 
 
-async def start_http(listen: Listen, edge: HttpEdge) -> HttpServer:
-    """Bind ``listen`` (TCP, port 0 allowed, or a unix socket chmod 0660) and serve."""
+async def start_http(
+    listen: Listen, edge: HttpEdge, *, sock: socket.socket | None = None
+) -> HttpServer:
+    """Bind ``listen`` (TCP, port 0 allowed, or a unix socket chmod 0660) and serve.
+
+    ``sock``, an already listening socket (socket activation), is served
+    instead of binding ``listen``.
+    """
     runner = web.AppRunner(edge.app(), access_log=None, shutdown_timeout=10.0)
     await runner.setup()
     site: web.BaseSite
     try:
-        if isinstance(listen, TcpListen):
+        if sock is not None:
+            site = web.SockSite(runner, sock)
+        elif isinstance(listen, TcpListen):
             site = web.TCPSite(runner, listen.host, listen.port)
         else:
             site = web.UnixSite(runner, str(listen.path))
@@ -412,7 +448,7 @@ async def start_http(listen: Listen, edge: HttpEdge) -> HttpServer:
             addresses.append((str(name[0]), int(name[1])))
         else:
             addresses.append(str(name))
-    if not isinstance(listen, TcpListen):
+    if sock is None and not isinstance(listen, TcpListen):
         os.chmod(listen.path, 0o660)
     log.info("http listening on %s", ", ".join(str(a) for a in addresses))
     return HttpServer(runner, addresses)
