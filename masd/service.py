@@ -1034,3 +1034,30 @@ def _send_mail(rt: Runtime, db: Database, case: CaseView, s: SendMail, now: floa
     )
     log.info("mail queued case=%s purpose=%s message_id=%s", case.key, s.purpose, mid)
     return None
+
+
+# --------------------------------------------------------------------------- housekeeping
+
+#: Delivered outbox rows are kept this long (for the read side and debugging).
+DONE_OUTBOX_KEPT = 7 * 24 * 3600
+
+
+def purge(db: Database, now: float) -> dict[str, int]:
+    """Forget what no rule needs any more; returns the rows removed per table.
+
+    PROFILE §2 keeps delivery dedupe 7 days and PROFILE §6 keeps idempotency
+    ids "at least 7 days"; delivered outbox rows go after 7 days.  Cases,
+    messages, threads and failed outbox rows are kept.
+    """
+    removed = {
+        "deliveries": db.execute(
+            "DELETE FROM deliveries WHERE at < ?", (now - DEDUPE_WINDOW,)
+        ).rowcount,
+        "idempotency": db.execute(
+            "DELETE FROM idempotency WHERE at < ?", (now - IDEMPOTENCY_WINDOW,)
+        ).rowcount,
+        "outbox": db.execute(
+            "DELETE FROM outbox WHERE state = 'done' AND created_at < ?", (now - DONE_OUTBOX_KEPT,)
+        ).rowcount,
+    }
+    return removed
