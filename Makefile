@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck pytest bench clean
+.PHONY: demo test lint typecheck pytest bench clean package
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,30 @@ typecheck: $(BIN)/.installed
 
 pytest: $(BIN)/.installed
 	$(BIN)/pytest
+
+# The Debian package, dist/masd_<version>_<arch>.deb (see packaging/README.md).
+package:
+	packaging/deb/build dist
+
+# Benchmarks side by side with the limits and the peers (bench/, docs/performance.md).
+# `make bench` takes about 30 minutes and rewrites the measured part of docs/performance.md;
+# BENCH_ARGS adds options of `python -m bench.run` (e.g. BENCH_ARGS="--sections intake").
+# Needs root for Dovecot and smtp-source/smtp-sink/wrk/dovecot-lmtpd (.ci/setup.d/bench.sh).
+BENCH_DIR ?= /var/tmp/masd-bench
+BENCH_ARGS ?=
+
+bench: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -r bench/requirements.txt
+	-test -x $(BENCH_DIR)/mailman-venv/bin/runner || { $(PYTHON) -m venv $(BENCH_DIR)/mailman-venv \
+		&& $(BENCH_DIR)/mailman-venv/bin/python -m pip install --quiet mailman; }
+	$(BIN)/python -m bench.run --workdir $(BENCH_DIR)/run --mailman-venv $(BENCH_DIR)/mailman-venv \
+		--out docs/performance.md $(BENCH_ARGS)
+
+# The benchmark with tiny counts (what tests/test_bench_smoke.py runs); prints, writes nothing.
+bench-smoke: $(BIN)/.installed
+	$(BIN)/python -m bench.run --smoke --workdir $(BENCH_DIR)/smoke
+
+.PHONY: bench-smoke
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -2,19 +2,22 @@
 
 Start order: store (migrations applied), then the outbox and the deadline
 timer (so work left by a previous run resumes), then the LMTP and HTTP
-listeners; ``READY=1`` goes to systemd when both listen.  Stop order
-(SIGTERM): stop accepting, let in-flight deliveries and requests finish,
+listeners and, when configured, the policy listener (``server.policy``);
+``READY=1`` goes to systemd when they all listen.  Stop order (SIGTERM): the
+policy listener first, then stop accepting, let in-flight deliveries and requests finish,
 let in-flight sends finish, close the store; exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import secrets
 import signal
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -25,12 +28,17 @@ from masd.config import Config
 from masd.edges.http import HttpEdge, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler, start_lmtp
 from masd.edges.outbox import Outbox
+from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
+from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
 from masd.metrics import Metrics
-from masd.service import Runtime
+from masd.service import Runtime, purge
 from masd.store import Store
 
 log = logging.getLogger("masd.app")
+
+#: How often expired rows are purged (service.purge).
+HOUSEKEEPING_SECONDS = 3600.0
 
 #: How long SIGTERM waits for in-flight deliveries before closing anyway.
 DRAIN_SECONDS = 30.0
@@ -58,6 +66,7 @@ def new_id() -> str:
 class Listening:
     lmtp: asyncio.AbstractServer
     http: HttpServer
+    policy: PolicyServer | None = None  # server.policy (Postfix policy delegation)
 
 
 class App:
@@ -69,8 +78,13 @@ class App:
         *,
         clock: Clock | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        sockets: Mapping[str, socket.socket] | None = None,
     ) -> None:
+        """``sockets``: listening sockets by listener name, served instead of
+        binding the configured address; by default those systemd passed
+        (``LISTEN_FDS``, see :mod:`masd.edges.sockets`)."""
         self.config = config
+        self._sockets = sockets
         self.clock = clock or Clock()
         self.metrics = Metrics()
         self.rt = Runtime(config, new_id)
@@ -87,6 +101,14 @@ class App:
         self.timer.wake()
 
     async def start(self) -> Listening:
+        inherited = dict(self._sockets) if self._sockets is not None else inherited_sockets()
+        served = {"lmtp", "http", "policy"}  # the listeners started below
+        unserved = sorted(set(inherited) - served)
+        if unserved:
+            raise SocketActivationError(
+                f"a socket named {unserved[0]!r} was passed, but masd runs no such listener",
+                path="LISTEN_FDNAMES",
+            )
         self.store = await asyncio.to_thread(Store.open, self.config.server.database)
         store = self.store
         self.outbox = Outbox(
@@ -100,6 +122,7 @@ class App:
         self.timer = DeadlineTimer(self.rt, store, self.clock, self.metrics, self._on_commit)
         self.outbox.start()
         self.timer.start()
+        self._housekeeper = asyncio.ensure_future(self._housekeeping())
         self.lmtp_handler = LmtpHandler(self.rt, store, self.clock, self.metrics, self._on_commit)
         server = self.config.server
         lmtp = await start_lmtp(
@@ -107,23 +130,37 @@ class App:
             self.lmtp_handler,
             hostname=server.hostname,
             max_message_bytes=server.max_message_bytes,
+            sock=inherited.get("lmtp"),
         )
         self.http_edge = HttpEdge(self.rt, store, self.clock, self.metrics, self._on_commit)
         try:
-            http = await start_http(server.http, self.http_edge)
+            http = await start_http(server.http, self.http_edge, sock=inherited.get("http"))
         except BaseException:
             lmtp.close()
             raise
-        self.listening = Listening(lmtp, http)
+        policy: PolicyServer | None = None
+        if server.policy is not None or "policy" in inherited:
+            try:
+                policy = await start_policy(
+                    server.policy,
+                    PolicyHandler(self.rt, store, self.metrics),
+                    sock=inherited.get("policy"),
+                )
+            except BaseException:
+                lmtp.close()
+                await http.close()
+                raise
+        self.listening = Listening(lmtp, http, policy)
         bound = http.addresses[0] if http.addresses else None
         if urlsplit(server.public_url).port == 0 and isinstance(bound, tuple):
             # public_url defaulted from "host:0": statuses go to the port bound.
             host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             self.rt.status_url = f"http://{host}:{bound[1]}/mas/v0.1/messages"
         log.info(
-            "ready lmtp=%s http=%s database=%s",
+            "ready lmtp=%s http=%s policy=%s database=%s",
             _where(lmtp),
             http.addresses,
+            policy.addresses if policy is not None else "off",
             server.database,
         )
         sd_notify("READY=1")
@@ -136,14 +173,31 @@ class App:
         self._stopped.set()
         sd_notify("STOPPING=1")
         if self.listening is not None:
+            if self.listening.policy is not None:
+                await self.listening.policy.close()
             self.listening.lmtp.close()
             await self._drain_lmtp()
             await self.listening.http.close()
         if self.store is not None:
+            self._housekeeper.cancel()
+            await asyncio.gather(self._housekeeper, return_exceptions=True)
             await self.timer.stop()
             await self.outbox.stop()
             await asyncio.to_thread(self.store.close)
         log.info("stopped")
+
+    async def _housekeeping(self) -> None:
+        """Purge expired dedupe, idempotency and delivered outbox rows, hourly."""
+        assert self.store is not None
+        store = self.store
+        while True:
+            try:
+                removed = await store.write(functools.partial(purge, now=self.clock.now()))
+                if any(removed.values()):
+                    log.info("purged %s", " ".join(f"{k}={v}" for k, v in removed.items()))
+            except Exception:
+                log.exception("housekeeping failed; trying again later")
+            await asyncio.sleep(HOUSEKEEPING_SECONDS)
 
     async def _drain_lmtp(self) -> None:
         loop = asyncio.get_running_loop()

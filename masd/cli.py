@@ -9,6 +9,7 @@ import click
 
 from masd import __version__
 from masd.config import Config, ConfigErrors, format_summary, load_config
+from masd.core.errors import MasdError
 
 
 @click.group()
@@ -94,6 +95,9 @@ def serve(config_file: Path, log_level: str, test_clock: bool) -> None:
         raise SystemExit(1) from None
     except OSError as exc:
         click.echo(f"masd: cannot listen: {exc}", err=True)
+        raise SystemExit(1) from None
+    except MasdError as exc:
+        click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
 
 
@@ -203,3 +207,81 @@ def case_list(config_file: Path, limit: int, domain: str | None) -> None:
         click.echo(
             "  ".join(str(row.get(k) or "-") for k in ("key", "role", "participant", "handoff"))
         )
+
+
+@main.group()
+def conformance() -> None:
+    """The conformance suite (CONTRACT §7): play a role's flows against an implementation."""
+
+
+@conformance.command("run")
+@click.option("--role", type=click.Choice(["master", "slave"]), default=None, help="Default: both.")
+@click.option("--flow", "names", multiple=True, metavar="NAME", help="Only this flow (repeatable).")
+@click.option(
+    "--target",
+    default=None,
+    metavar="COMMAND",
+    help="The implementation's command line; --config FILE (and --test-clock) are appended. "
+    "Default: this masd.",
+)
+@click.option(
+    "--flows",
+    "flows_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The flows folder (holding master/ and slave/). Default: masd's conformance/flows.",
+)
+@click.option(
+    "--keep",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep each flow's configuration, store and log under this folder.",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Print the target's log after a failure.")
+def conformance_run(
+    role: str | None,
+    names: tuple[str, ...],
+    target: str | None,
+    flows_dir: Path | None,
+    keep: Path | None,
+    verbose: bool,
+) -> None:
+    """Run the flows; one line per flow, then "N passed, M failed". Exit 0 only if all pass."""
+    import sys
+
+    from masd.conformance.runner import command
+
+    raise SystemExit(
+        command(
+            role=role,
+            names=names,
+            target=target,
+            flows_dir=flows_dir,
+            keep=keep,
+            verbose=verbose,
+            out=sys.stdout,
+            err=sys.stderr,
+        )
+    )
+
+
+@conformance.command("coverage")
+@click.option(
+    "--flows",
+    "flows_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The flows folder. Default: masd's conformance/flows.",
+)
+def conformance_coverage(flows_dir: Path | None) -> None:
+    """Print the clause-to-flows table of conformance/README.md."""
+    from masd._resources import conformance_dir
+    from masd.conformance.coverage import table
+    from masd.conformance.flow import FlowError, load_flows
+
+    try:
+        flows = load_flows(flows_dir or conformance_dir() / "flows")
+    except FlowError as exc:
+        click.echo(f"masd: {exc}", err=True)
+        raise SystemExit(2) from None
+    click.echo(table(flows), nl=False)

@@ -13,6 +13,7 @@ _HELP = {
     "masd_deliveries_total": "LMTP deliveries per recipient, by outcome.",
     "masd_outbox_attempts_total": "Outbox delivery attempts, by kind and result.",
     "masd_deadlines_fired_total": "Handoff deadlines reached (timed-out recorded).",
+    "masd_policy_requests_total": "Postfix policy delegation requests, by outcome.",
     "masd_http_requests_total": "Contract messages received over HTTP, by HTTP status.",
 }
 

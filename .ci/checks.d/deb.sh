@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Build the Debian package, install it on this machine, and run masd from it:
+# check-config against the example it installs, as root and as the user masd;
+# systemd-analyze verify on the installed units; reinstall (the upgrade path);
+# purge (the store directory and the user stay).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+deb=$(make --no-print-directory package 2>/dev/null | tail -n 1)
+echo "built $deb"
+apt-get install -y -qq "./$deb" >/dev/null
+
+test "$(readlink /usr/bin/masd)" = /opt/masd/bin/masd
+masd --version
+masd check-config /etc/masd/masd.toml.example >/dev/null
+getent passwd masd >/dev/null
+test "$(stat -c %U:%G:%a /var/lib/masd)" = masd:masd:750
+test "$(stat -c %U:%G:%a /etc/masd)" = root:masd:750
+# The service's view: the user masd reads its config (here a copy it may read).
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cp -r /etc/masd/secrets-example "$work/" && cp /etc/masd/masd.toml.example "$work/masd.toml"
+chown -R masd:masd "$work"
+runuser -u masd -- masd check-config "$work/masd.toml" >/dev/null
+# The store: migrations and an online backup, as the user masd, in its state directory.
+sed -i 's#^database = .*#database = "/var/lib/masd/ci.db"#' "$work/masd.toml"
+runuser -u masd -- masd db migrate --config "$work/masd.toml"
+runuser -u masd -- masd db backup --config "$work/masd.toml" /var/lib/masd/ci-backup.db
+rm -f /var/lib/masd/ci.db* /var/lib/masd/ci-backup.db
+systemd-analyze verify /lib/systemd/system/masd.service /lib/systemd/system/masd-lmtp.socket \
+    /lib/systemd/system/masd-http.socket
+systemd-analyze security --offline=yes --no-pager /lib/systemd/system/masd.service \
+    | grep 'Overall exposure level'
+
+dpkg -i "$deb" >/dev/null   # the same version again: postinst's upgrade path
+masd check-config /etc/masd/masd.toml.example >/dev/null
+
+dpkg --purge masd >/dev/null
+test ! -e /usr/bin/masd
+test ! -e /opt/masd
+test ! -e /etc/masd/masd.toml.example
+getent passwd masd >/dev/null   # kept: files in /var/lib/masd may still belong to it
+echo "deb package: built, installed, check-config ran from it, purged"

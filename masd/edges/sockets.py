@@ -1,0 +1,156 @@
+"""Sockets inherited from systemd socket activation (sd_listen_fds(3)).
+
+The service manager passes listening sockets as file descriptors 3, 4, ...
+and describes them in three variables: ``LISTEN_PID`` (the process they are
+meant for; a child that inherited the environment must ignore them),
+``LISTEN_FDS`` (how many) and ``LISTEN_FDNAMES`` (a ``:``-separated name per
+descriptor, from ``FileDescriptorName=`` in the socket unit).  masd knows
+the names ``lmtp``, ``http`` and ``policy``; a socket so named replaces the
+listener of the same name in ``[server]``.
+
+Anything that is not what masd can serve is refused with
+:class:`SocketActivationError`, naming the descriptor and the reason: an
+unknown or repeated name, a count that does not match, a descriptor that is
+not a listening stream socket.  A socket nobody would serve is a
+misconfiguration better seen at start than as mail that never arrives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+from collections.abc import Mapping, MutableMapping
+from typing import Final
+
+from masd.core.errors import ConfigError
+
+__all__ = [
+    "LISTENER_NAMES",
+    "SD_LISTEN_FDS_START",
+    "SocketActivationError",
+    "adopt",
+    "inherited_sockets",
+    "parse_listen_env",
+]
+
+#: The first passed descriptor (``SD_LISTEN_FDS_START``).
+SD_LISTEN_FDS_START: Final = 3
+#: Names a socket unit may give with ``FileDescriptorName=``.
+LISTENER_NAMES: Final = ("lmtp", "http", "policy")
+_VARIABLES: Final = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
+
+
+class SocketActivationError(ConfigError):
+    """The sockets passed by the service manager cannot be served as they are."""
+
+    code = "socket-activation"
+
+
+def parse_listen_env(environ: Mapping[str, str], pid: int) -> tuple[tuple[int, str], ...]:
+    """The ``(fd, name)`` pairs the environment passes to process ``pid``.
+
+    Empty when ``LISTEN_PID`` is unset or names another process (the
+    variables were inherited, not meant for us) or ``LISTEN_FDS`` is unset.
+    """
+    if "LISTEN_PID" not in environ or "LISTEN_FDS" not in environ:
+        return ()
+    listen_pid = environ["LISTEN_PID"]
+    if not listen_pid.isdigit() or int(listen_pid) <= 0:
+        raise SocketActivationError(f"{listen_pid!r} is not a process id", path="LISTEN_PID")
+    if int(listen_pid) != pid:
+        return ()
+    count_text = environ["LISTEN_FDS"]
+    if not count_text.isdigit():
+        raise SocketActivationError(
+            f"{count_text!r} is not a number of descriptors", path="LISTEN_FDS"
+        )
+    count = int(count_text)
+    if count == 0:
+        return ()
+    if "LISTEN_FDNAMES" not in environ:
+        raise SocketActivationError(
+            f"missing: name each of the {count} sockets with FileDescriptorName= "
+            f"({', '.join(LISTENER_NAMES)})",
+            path="LISTEN_FDNAMES",
+        )
+    names = environ["LISTEN_FDNAMES"].split(":")
+    if len(names) != count:
+        raise SocketActivationError(
+            f"{environ['LISTEN_FDNAMES']!r} has {len(names)} names for {count} sockets",
+            path="LISTEN_FDNAMES",
+        )
+    pairs: list[tuple[int, str]] = []
+    for index, name in enumerate(names):
+        fd = SD_LISTEN_FDS_START + index
+        if name not in LISTENER_NAMES:
+            raise SocketActivationError(
+                f"socket {fd} is named {name!r}; masd serves only "
+                f"{', '.join(LISTENER_NAMES)} (set FileDescriptorName= in the socket unit)",
+                path="LISTEN_FDNAMES",
+            )
+        if name in names[:index]:
+            raise SocketActivationError(
+                f"socket {fd} is named {name!r} like an earlier one; one socket per listener",
+                path="LISTEN_FDNAMES",
+            )
+        pairs.append((fd, name))
+    return tuple(pairs)
+
+
+def adopt(fd: int, name: str) -> socket.socket:
+    """Descriptor ``fd`` as a socket object, if it is a listening stream socket.
+
+    The descriptor is made close-on-exec, as sd_listen_fds(3) does.
+    """
+    where = f"socket {fd} ({name})"
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        raise SocketActivationError(
+            f"{where} is not open: {exc.strerror or exc}", path="LISTEN_FDS"
+        ) from None
+    if not stat.S_ISSOCK(info.st_mode):
+        raise SocketActivationError(f"{where} is not a socket", path="LISTEN_FDS")
+    sock = socket.socket(fileno=fd)
+    try:
+        if sock.family not in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
+            raise SocketActivationError(
+                f"{where} is of family {sock.family.name}, not unix or IP", path="LISTEN_FDS"
+            )
+        if sock.type != socket.SOCK_STREAM:
+            raise SocketActivationError(
+                f"{where} is not a stream socket (use ListenStream=)", path="LISTEN_FDS"
+            )
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            raise SocketActivationError(f"{where} is not listening", path="LISTEN_FDS")
+    except BaseException:
+        sock.detach()  # the descriptor stays the service manager's; do not close it here
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+def inherited_sockets(
+    environ: MutableMapping[str, str] | None = None, *, pid: int | None = None
+) -> dict[str, socket.socket]:
+    """The passed sockets by name, or ``{}`` when masd was not socket-activated.
+
+    The three variables are removed from ``environ`` (``os.environ`` by
+    default) so that no child process mistakes them for its own.
+    """
+    env = os.environ if environ is None else environ
+    pairs = parse_listen_env(env, os.getpid() if pid is None else pid)
+    for variable in _VARIABLES:
+        env.pop(variable, None)
+    adopted: dict[str, socket.socket] = {}
+    try:
+        for fd, name in pairs:
+            adopted[name] = adopt(fd, name)
+    except BaseException:
+        for sock in adopted.values():
+            with contextlib.suppress(OSError):
+                sock.detach()
+        raise
+    return adopted

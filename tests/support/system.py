@@ -1,0 +1,37 @@
+"""System programs the tests drive for real (postfix, systemd-analyze, dpkg-deb, pipx).
+
+One rule, in one place: a missing program skips the test, unless
+``MASD_REQUIRE_SYSTEM_TESTS`` is set (as ``.ci/run`` does), in which case it
+fails it, so CI cannot pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+#: Set (to anything but "" or "0") to turn a missing program into a failure.
+REQUIRE_VARIABLE = "MASD_REQUIRE_SYSTEM_TESTS"
+#: Where programs for root live, searched too: tests may run as a user whose
+#: PATH lacks them.
+_SBIN = ("/usr/sbin", "/sbin")
+
+
+def system_tests_required() -> bool:
+    return os.environ.get(REQUIRE_VARIABLE, "") not in ("", "0")
+
+
+def require_program(name: str) -> str:
+    """The path of program ``name``; skip the test (or fail it, when required) if missing."""
+    path = shutil.which(name)
+    if path is None:
+        extra = os.pathsep.join(_SBIN)
+        path = shutil.which(name, path=extra)
+    if path is not None:
+        return path
+    message = f"{name} is not installed"
+    if system_tests_required():
+        pytest.fail(f"{message}, and {REQUIRE_VARIABLE} is set", pytrace=False)
+    pytest.skip(message)

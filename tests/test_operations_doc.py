@@ -1,0 +1,140 @@
+"""docs/operations.md: every command in it is one CI runs.
+
+The guide's ` ```sh ` blocks are run verbatim, in order, by
+``.ci/checks.d/operations.sh``, which takes the script this module prints
+(``python tests/test_operations_doc.py``).  Lines of ` ```sh live ` blocks
+need masd and Postfix running under systemd: the script runs their ``masd``,
+``runuser`` and ``curl`` lines against a masd it starts itself, and leaves out
+``systemctl``, ``journalctl`` and ``postqueue`` (no systemd as PID 1, no
+running Postfix on the CI machine); the Postfix e2e tests run ``postqueue``.
+
+The tests here check the guide against the repository: the Postfix lines it
+explains are the files in packaging/postfix/, the units it names exist, and
+the script covers every line.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "operations.md"
+#: Commands of live blocks CI cannot run (see the module docstring).
+NOT_RUN = ("systemctl ", "journalctl ", "postqueue ")
+#: Commands of live blocks CI runs against its own masd.
+RUN_LIVE = ("masd ", "runuser ", "curl ")
+
+
+@dataclass(frozen=True)
+class Block:
+    info: str  # "sh", "sh live", "" ...
+    lines: tuple[str, ...]
+    marker: str  # the <!-- ... --> comment just before the block, if any
+
+
+def blocks(text: str) -> list[Block]:
+    found: list[Block] = []
+    lines = text.splitlines()
+    index = 0
+    marker = ""
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith("<!--"):
+            marker = line.strip("<!-> ")
+        elif line.startswith("```"):
+            info = line[3:].strip()
+            end = lines.index("```", index + 1)
+            found.append(Block(info, tuple(lines[index + 1 : end]), marker))
+            marker = ""
+            index = end
+        elif line.strip():
+            marker = ""
+        index += 1
+    return found
+
+
+def commands(block: Block) -> list[str]:
+    return [line for line in block.lines if line.strip() and not line.startswith("#")]
+
+
+def script(text: str) -> str:
+    """The bash script that runs the guide; ``start_masd`` comes from the caller."""
+    out = ["set -euo pipefail"]
+    started = False
+    for block in blocks(text):
+        if block.info == "sh":
+            out.extend(commands(block))
+        elif block.info == "sh live":
+            if not started:
+                out.append("start_masd")
+                started = True
+            for line in commands(block):
+                if line.startswith(RUN_LIVE):
+                    out.append(line)
+                else:
+                    out.append(f": not run in CI: {line!r}")
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_every_block_is_a_command_block_or_a_quoted_file() -> None:
+    for block in blocks(GUIDE.read_text()):
+        assert block.info in ("sh", "sh live", ""), block
+        if block.info == "":
+            assert block.marker.startswith("postfix:"), block
+
+
+def test_every_live_command_is_run_or_named_as_not_run() -> None:
+    live = [c for b in blocks(GUIDE.read_text()) if b.info == "sh live" for c in commands(b)]
+    assert live
+    for command in live:
+        assert command.startswith(RUN_LIVE + NOT_RUN), command
+
+
+def test_the_script_runs_every_plain_command_in_order() -> None:
+    text = GUIDE.read_text()
+    plain = [c for b in blocks(text) if b.info == "sh" for c in commands(b)]
+    rest = iter(script(text).splitlines())
+    assert all(command in rest for command in plain), "the script runs them in order"
+    assert "make package" in plain
+    assert "masd check-config /etc/masd/masd.toml" in plain
+
+
+def test_quoted_postfix_files_are_the_shipped_ones() -> None:
+    quoted = {b.marker: b for b in blocks(GUIDE.read_text()) if b.marker.startswith("postfix:")}
+    shipped_files = (ROOT / "packaging" / "postfix").iterdir()
+    assert set(quoted) == {f"postfix:{p.name}" for p in shipped_files if p.suffix != ".md"}, (
+        "the guide explains every file in packaging/postfix/, and only those"
+    )
+    for marker, block in quoted.items():
+        shipped = (ROOT / "packaging" / "postfix" / marker.split(":", 1)[1]).read_text()
+        assert "\n".join(block.lines) + "\n" == shipped, marker
+
+
+def test_every_postfix_setting_is_explained() -> None:
+    text = GUIDE.read_text()
+    snippet = (ROOT / "packaging" / "postfix" / "main.cf.snippet").read_text()
+    for line in snippet.splitlines():
+        if line and not line.startswith("#"):
+            assert f"- `{line}`" in text, f"no bullet explains {line!r}"
+
+
+def test_units_and_policy_address_agree_with_the_guide() -> None:
+    text = GUIDE.read_text()
+    for unit in re.findall(r"\bmasd(?:-[a-z]+)?\.(?:service|socket)\b", text):
+        assert (ROOT / "systemd" / unit).is_file(), unit
+    socket_unit = (ROOT / "systemd" / "masd-lmtp.socket").read_text()
+    assert "ListenStream=/var/spool/postfix/private/masd-lmtp\n" in socket_unit
+    assert "masd_lmtp = unix:private/masd-lmtp" in text
+    policy = re.search(r"masd_policy = inet:([0-9.]+:[0-9]+)", text)
+    assert policy
+    assert f'policy = "{policy.group(1)}"' in text
+
+
+if __name__ == "__main__":
+    sys.stdout.write(script(GUIDE.read_text()))
