@@ -78,6 +78,7 @@ __all__ = [
     "case_ref",
     "check_case_ref",
     "check_id",
+    "check_id_grammar",
     "normalize_domain",
     "parse_address",
     "parse_local",
@@ -495,6 +496,12 @@ def _check_a_label(label: str) -> None:
             f'domain: label "{label}" is not a valid A-label (not Punycode for a non-ASCII label)',
             part="domain",
         )
+
+
+def check_id_grammar(id: str) -> str:
+    """The ``id`` rule of PROFILE §1 alone, whatever the type; returns ``id``."""
+    _check_id_grammar(id, 0)
+    return id
 
 
 def check_id(id: str, *, type: str) -> str:

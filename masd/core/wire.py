@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from masd.core.address import check_case_ref
+from masd.core.address import check_case_ref, check_id_grammar
 from masd.core.errors import AddressError, WireError
 from masd.core.status import MACHINE
 
@@ -216,7 +216,14 @@ def decode(envelope: Envelope) -> Inbound:
             if "case" in b:
                 raise _bad("case: not allowed in case.assign (CONTRACT §2)")
             policy = _policy(b["policy"], "policy") if b.get("policy") is not None else None
-            return CaseAssign(envelope.id, _id(b, "intake_ref"), _str(b, "resource_id", 64), policy)
+            resource_id = _str(b, "resource_id", 64)
+            try:
+                # The grammar is a schema fault (400 before 404, PROFILE §6);
+                # the 47-octet bound needs the intake's type and comes later.
+                check_id_grammar(resource_id)
+            except AddressError as exc:
+                raise _bad(f"resource_id: {exc.detail}") from exc
+            return CaseAssign(envelope.id, _id(b, "intake_ref"), resource_id, policy)
         case "case.policy":
             assert case is not None
             return CasePolicy(envelope.id, case, _policy(b, ""))
