@@ -42,6 +42,8 @@ def test_settings_lowercase_and_default_hosts() -> None:
     assert TRUST.trusted_hosts == frozenset({"mx.help.example"})
     other = TrustSettings.of(["mx.help.example"], ["Filter.Help.Example.", "mx.help.example"])
     assert other.trusted_hosts == frozenset({"filter.help.example", "mx.help.example"})
+    direct = TrustSettings(frozenset({"MX.Help.Example."}), frozenset())
+    assert direct == TRUST
 
 
 # --- the trusted block ----------------------------------------------------------

@@ -25,12 +25,12 @@ from __future__ import annotations
 import binascii
 import codecs
 import hashlib
+import html
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import getaddresses
 from functools import lru_cache
-from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -93,7 +93,7 @@ MAX_MIME_DEPTH = 16
 MAX_PARTS = 1000
 #: HTML characters fed to the HTML-to-text converter when there is no
 #: text/plain part; the text is cut at MAX_TEXT_BYTES anyway.
-MAX_HTML_CHARS = 2 * 1024 * 1024
+MAX_HTML_CHARS = 1024 * 1024
 
 _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})",
@@ -652,58 +652,73 @@ _LINE_TAGS = frozenset(
         *("th", "thead", "tr"),
     }
 )
-_SKIP_TAGS = frozenset({"script", "style", "head", "title", "template", "noscript"})
+_SKIP_TAGS = frozenset({"head", "title", "template", "noscript"})
 _SPACES = re.compile(r"[ \t\f\v\r\n\u00a0]+")
 
 
-class _HtmlText(HTMLParser):
-    """Text of an HTML body: tags dropped, block elements on their own lines.
+_STRAY_LT = re.compile(r"<(?:(?=[^<>]*(?:<|\Z))|(?=\?)|(?=!(?!--|doctype)))", re.IGNORECASE)
 
-    Line breaks are owed, not written: a block boundary asks for one (a
-    paragraph for two) before the next visible text, so nested blocks and
-    whitespace between tags do not pile up empty lines.
+
+def _stray_lt(text: str) -> str:
+    return _STRAY_LT.sub("&lt;", text)
+
+
+def _defuse(source: str) -> str:
+    """Escape every ``<`` that no ``>`` closes before the next ``<``.
+
+    Such a ``<`` cannot start a tag, so it is text.  Markup declarations
+    other than comments and DOCTYPE (``<![CDATA[``, ``<!x``) and processing
+    instructions (``<?``) mean nothing in mail and become text too.
+    Comments are kept whole (they may hold tags); an unclosed comment is
+    text.  Afterwards every ``<`` has its ``>`` before the next ``<`` and
+    every comment its ``-->``, which keeps the tokenizer below linear.
+    """
+    out: list[str] = []
+    pos = 0
+    while True:
+        start = source.find("<!--", pos)
+        if start < 0:
+            break
+        end = source.find("-->", start + 4)
+        if end < 0:
+            break
+        out.append(_stray_lt(source[pos:start]))
+        out.append(source[start : end + 3])
+        pos = end + 3
+    out.append(_stray_lt(source[pos:]).replace("<!--", "&lt;!--"))
+    return "".join(out)
+
+
+# One token of HTML: a tag (group 1 "/" for an end tag, group 2 its name),
+# or a comment, declaration or processing instruction (no groups).
+_HTML_TOKEN = re.compile(r"<(/?)([a-zA-Z][^\s/>]*)[^>]*>|<!--.*?-->|<![^>]*>|<\?[^>]*>", re.DOTALL)
+_RAW_TEXT_TAGS = frozenset({"script", "style"})
+
+
+class _TextSink:
+    """Collects visible text; line breaks are owed, not written.
+
+    A block boundary asks for one line break (a paragraph for two) before
+    the next visible text, so nested blocks and whitespace between tags do
+    not pile up empty lines.
     """
 
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
         self.out: list[str] = []
-        self.skip = 0
-        self.pre = 0
         self.owed = 0
 
-    def _block(self, tag: str) -> None:
-        if tag in _PARAGRAPH_TAGS:
+    def block(self, tag: str) -> None:
+        if tag == "br":
+            self.owed = min(self.owed + 1, 2)
+        elif tag in _PARAGRAPH_TAGS:
             self.owed = 2
         elif tag in _LINE_TAGS:
             self.owed = max(self.owed, 1)
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in _SKIP_TAGS:
-            self.skip += 1
-        elif tag == "pre":
-            self.pre += 1
-        if tag == "br":
-            self.owed = min(self.owed + 1, 2)
-        else:
-            self._block(tag)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "br":
-            self.owed = min(self.owed + 1, 2)
-        else:
-            self._block(tag)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in _SKIP_TAGS:
-            self.skip = max(0, self.skip - 1)
-        elif tag == "pre":
-            self.pre = max(0, self.pre - 1)
-        self._block(tag)
-
-    def handle_data(self, data: str) -> None:
-        if self.skip:
-            return
-        text = data if self.pre else _SPACES.sub(" ", data)
+    def data(self, raw: str, pre: bool) -> None:
+        text = html.unescape(raw)
+        if not pre:
+            text = _SPACES.sub(" ", text)
         if self.owed:
             if not text.strip():
                 return
@@ -714,11 +729,44 @@ class _HtmlText(HTMLParser):
         self.out.append(text)
 
 
-def _html_to_text(html: str) -> str:
-    parser = _HtmlText()
-    parser.feed(html[:MAX_HTML_CHARS])
-    parser.close()
-    lines = (line.strip(" ") for line in "".join(parser.out).split("\n"))
+def _html_to_text(source: str) -> str:
+    """Visible text of an HTML body, in one linear pass.
+
+    ``html.parser`` is not used: on Python 3.11 it rescans the rest of the
+    input for each unfinished construct (quadratic: ``<a x='>'`` repeated a
+    few thousand times takes seconds).  Tags are dropped, script, style and
+    head content skipped, entities decoded with ``html.unescape``.
+    """
+    doc = _defuse(source[:MAX_HTML_CHARS])
+    lower = doc.lower()
+    sink = _TextSink()
+    skip = 0
+    pre = 0
+    pos = 0
+    n = len(doc)
+    while pos < n:
+        m = _HTML_TOKEN.search(doc, pos)
+        end = n if m is None else m.start()
+        if end > pos and not skip:
+            sink.data(doc[pos:end], pre > 0)
+        if m is None:
+            break
+        pos = m.end()
+        name = m.group(2)
+        if name is None:
+            continue
+        tag = name.lower()
+        closing = m.group(1) == "/"
+        if tag in _RAW_TEXT_TAGS and not closing:
+            close = lower.find("</" + tag, pos)
+            pos = n if close < 0 else close
+            continue
+        if tag in _SKIP_TAGS:
+            skip = max(0, skip - 1) if closing else skip + 1
+        elif tag == "pre":
+            pre = max(0, pre - 1) if closing else pre + 1
+        sink.block(tag)
+    lines = (line.strip(" ") for line in "".join(sink.out).split("\n"))
     return "\n".join(lines).strip("\n")
 
 

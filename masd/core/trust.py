@@ -74,17 +74,30 @@ _RAW_RESULTS = frozenset({"pass", "fail", "none", "temperror", "permerror"})
 
 @dataclass(frozen=True)
 class TrustSettings:
-    """Which MTAs masd believes (PROFILE §10 ``server.trusted_*``), lowercase."""
+    """Which MTAs masd believes (PROFILE §10 ``server.trusted_*``).
+
+    Both sets are normalized on construction (lowercase, no final dot), and
+    an empty ``trusted_hosts`` means the authserv-ids ("default:
+    trusted_authserv_ids").
+    """
 
     trusted_authserv_ids: frozenset[str]
     trusted_hosts: frozenset[str]
 
+    def __post_init__(self) -> None:
+        ids = frozenset(_norm_host(a) for a in self.trusted_authserv_ids)
+        hosts = frozenset(_norm_host(h) for h in self.trusted_hosts) or ids
+        object.__setattr__(self, "trusted_authserv_ids", ids)
+        object.__setattr__(self, "trusted_hosts", hosts)
+
     @classmethod
     def of(cls, authserv_ids: Sequence[str], hosts: Sequence[str] = ()) -> TrustSettings:
-        """Lowercase both sets; ``hosts`` defaults to the authserv-ids (PROFILE §10)."""
-        ids = frozenset(a.strip().lower().rstrip(".") for a in authserv_ids)
-        hs = frozenset(h.strip().lower().rstrip(".") for h in hosts) if hosts else ids
-        return cls(trusted_authserv_ids=ids, trusted_hosts=hs)
+        """Settings from config lists; ``hosts`` defaults to the authserv-ids."""
+        return cls(trusted_authserv_ids=frozenset(authserv_ids), trusted_hosts=frozenset(hosts))
+
+
+def _norm_host(name: str) -> str:
+    return name.strip().lower().rstrip(".")
 
 
 @dataclass(frozen=True)
