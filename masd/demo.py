@@ -6,6 +6,11 @@ callback endpoint that speaks the mode contract, and an SMTP sink standing in
 for the outbound relay.  The demo delivers a handful of mails over LMTP, the
 way Postfix would, waits until every flow has settled and prints each case's
 thread.
+
+A second part runs masd in the slave role: a built-in demo master (a small
+CRM) receives ``case.intake``, names the cases with ``case.assign``, answers
+mail with ``mail.send`` and turns one case's transfers to a callback webhook,
+whose statuses masd relays back to it in order.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import contextlib
 import email.policy
 import email.utils
+import json
 import os
 import secrets
 import socket
@@ -62,6 +68,18 @@ url = "{endpoint_url}"
 token_file = "secrets/callback.token"
 deadline = "1h"
 fields = ["phone", "time"]
+"""
+
+SLAVE_TEMPLATE = """
+[domains."{domain}".types.case]   # the slave role: an outside master owns these cases
+role = "slave"
+master = {{ url = "{master_url}", token_file = "secrets/crm.token" }}
+policy = {{ autonomous_send = false, transfers = "block" }}
+
+[[domains."{domain}".types.case.webhooks]]   # where the master may turn transfers to
+url = "{webhook_url}"
+token_file = "secrets/transfer.token"
+fields = ["phone"]
 """
 
 
@@ -361,26 +379,41 @@ def free_port() -> int:
 
 
 def write_setup(
-    directory: Path, *, http_port: int, smtp_port: int, endpoint_url: str, token: str
+    directory: Path,
+    *,
+    http_port: int,
+    smtp_port: int,
+    endpoint_url: str,
+    token: str,
+    slave: SlavePeers | None = None,
 ) -> Path:
-    """The demo's config file and its token files (mode 0600) in ``directory``."""
+    """The demo's config file and its token files (mode 0600) in ``directory``.
+
+    With ``slave``, type ``case`` is added in the slave role, owned by that master.
+    """
     secrets_dir = directory / "secrets"
     secrets_dir.mkdir(mode=0o700, exist_ok=True)
-    for name, value in (("admin.token", secrets.token_hex(24)), ("callback.token", token)):
+    tokens = [("admin.token", secrets.token_hex(24)), ("callback.token", token)]
+    if slave is not None:
+        tokens += [("crm.token", slave.master_token), ("transfer.token", slave.webhook_token)]
+    for name, value in tokens:
         path = secrets_dir / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(value + "\n")
     config = directory / "masd.toml"
-    config.write_text(
-        CONFIG_TEMPLATE.format(
-            http_port=http_port,
-            smtp_port=smtp_port,
-            endpoint_url=endpoint_url,
-            domain=DOMAIN,
-            authserv_id=AUTHSERV_ID,
-        )
+    text = CONFIG_TEMPLATE.format(
+        http_port=http_port,
+        smtp_port=smtp_port,
+        endpoint_url=endpoint_url,
+        domain=DOMAIN,
+        authserv_id=AUTHSERV_ID,
     )
+    if slave is not None:
+        text += SLAVE_TEMPLATE.format(
+            domain=DOMAIN, master_url=slave.master_url, webhook_url=slave.webhook_url
+        )
+    config.write_text(text)
     return config
 
 
@@ -393,6 +426,10 @@ class Demo:
         self.sink = MailSink(self.p)
         self.token = secrets.token_hex(24)
         self.endpoint = DemoCallbackEndpoint(self.token, self.p)
+        # The slave part's peers: an outside master and the service its transfers reach.
+        self.crm = DemoMaster(secrets.token_hex(24), self.p)
+        self.transfer = DemoCallbackEndpoint(secrets.token_hex(24), self.p)
+        self.slave: SlavePeers | None = None
         self.app: App | None = None
         self.lmtp_port = 0
         self.problems: list[str] = []
@@ -403,6 +440,9 @@ class Demo:
     async def start(self) -> None:
         smtp_port = await self.sink.start()
         endpoint_url = await self.endpoint.start()
+        self.slave = SlavePeers(
+            await self.crm.start(), self.crm.token, await self.transfer.start(), self.transfer.token
+        )
         last_error: OSError | None = None
         for _ in range(3):  # the free HTTP port may be taken before masd binds it
             config_path = write_setup(
@@ -411,8 +451,10 @@ class Demo:
                 smtp_port=smtp_port,
                 endpoint_url=endpoint_url,
                 token=self.token,
+                slave=self.slave,
             )
             config = load_config(config_path)
+            self.crm.masd_url = config.server.public_url.rstrip("/") + "/mas/v0.1/messages"
             app = App(config)
             try:
                 listening = await app.start()
@@ -448,6 +490,8 @@ class Demo:
         if self.app is not None:
             await self.app.stop()
         await self.endpoint.stop()
+        await self.crm.stop()
+        await self.transfer.stop()
         await self.sink.stop()
 
     # ---- helpers
@@ -650,13 +694,390 @@ def _all_pages(db: Any) -> list[str]:
     return pages
 
 
+# --------------------------------------------------------------------------- masd as slave
+
+
+@dataclass(frozen=True)
+class SlavePeers:
+    """Where the slave part's outside master and transfers webhook listen, with their secrets."""
+
+    master_url: str
+    master_token: str
+    webhook_url: str
+    webhook_token: str
+
+
+@dataclass
+class CrmCase:
+    """What the demo master keeps about a case it owns."""
+
+    address: str
+    key: str
+    participant: str
+    last_message: str  # the message_ref its next mail.send answers
+    transfer: bool = False
+
+
+class DemoMaster:
+    """An outside master (a small CRM) speaking the master side of the contract.
+
+    It owns the case ids: each ``case.intake`` is answered with ``case.assign``
+    under its own numbering (CRM-1001, CRM-1002, ...), then with a
+    ``mail.send`` that answers the intake mail.  An intake that asks for a
+    call gets its transfers turned to the callback webhook (``case.policy``).
+    Every ``case.message`` on a case without a transfer is answered with
+    ``mail.send``; a terminal ``handoff.status`` relayed by masd is
+    answered with a ``mail.send`` saying how the call went.  It prints
+    everything it receives, in the order it arrives.
+    """
+
+    def __init__(self, token: str, printer: Printer) -> None:
+        self.token = token
+        self.printer = printer
+        self.masd_url = ""
+        self.transfer_url = ""
+        self.received: list[dict[str, Any]] = []
+        self.cases: dict[str, CrmCase] = {}
+        self.problems: list[str] = []
+        self._seen: set[str] = set()
+        self._next_id = 1001
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: web.AppRunner | None = None
+        self._client: aiohttp.ClientSession | None = None
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/crm", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self._client = aiohttp.ClientSession()
+        return f"http://127.0.0.1:{port}/crm"
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._tasks)
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response(
+                {"ok": False, "error": "unauthenticated", "detail": "Authorization: wrong secret"},
+                status=401,
+            )
+        try:
+            message = await request.json()
+        except ValueError:
+            return web.json_response(
+                {"ok": False, "error": "invalid-message", "detail": "body: not JSON"}, status=400
+            )
+        if not isinstance(message, dict) or not isinstance(message.get("id"), str):
+            return web.json_response(
+                {"ok": False, "error": "invalid-message", "detail": "id: missing"}, status=400
+            )
+        if message["id"] in self._seen:  # CONTRACT §2: a repeated id is already processed
+            return web.json_response({"ok": True})
+        self._seen.add(message["id"])
+        self.received.append(message)
+        self._on(message)
+        return web.json_response({"ok": True})
+
+    def _on(self, message: dict[str, Any]) -> None:
+        mtype = message.get("type")
+        address = (message.get("case") or {}).get("address", "")
+        case = self.cases.get(address)
+        if mtype == "case.intake":
+            event = message.get("event") or {}
+            sender = (event.get("from") or {}).get("address")
+            mode = message.get("requested_mode")
+            self.printer.event(
+                "crm",
+                f"got case.intake {str(message.get('intake_ref'))[:15]}... from {sender}: "
+                f"{event.get('subject')!r}" + (f" (asks for {mode})" if mode else ""),
+            )
+            self._spawn(self._adopt(message))
+        elif mtype == "case.message":
+            event = message.get("event") or {}
+            self.printer.event(
+                "crm",
+                f"got case.message on {address} from {(event.get('from') or {}).get('address')}"
+                f" to {event.get('rcpt_to')}: {event.get('subject')!r}",
+            )
+            if case is not None:
+                case.last_message = str(message.get("message_ref"))
+                if not case.transfer:
+                    self._spawn(
+                        self._mail(
+                            case,
+                            "Thanks for your message; we have added it to "
+                            f"{case.address}. We answer by email.\n",
+                        )
+                    )
+        elif mtype == "handoff.requested":
+            forwarded = message.get("forwarded")
+            self.printer.event(
+                "crm",
+                f"got handoff.requested on {address}: {message.get('mode')}, forwarded "
+                + ("true (masd sent it to the transfers webhook)" if forwarded else "false"),
+            )
+        elif mtype == "handoff.status":
+            status = message.get("status")
+            extra = "".join(
+                f" {name}={message[name]!r}"
+                for name in ("needs", "at", "outcome", "reason", "detail")
+                if name in message
+            )
+            self.printer.event(
+                "crm", f"got handoff.status on {address}: seq {message.get('seq')} {status}{extra}"
+            )
+            if case is not None and status in ("completed", "failed", "expired", "refused"):
+                self._spawn(
+                    self._mail(
+                        case,
+                        f"Our callback service reports: {status}.\n"
+                        + (f"{message['detail']}\n" if "detail" in message else ""),
+                    )
+                )
+        else:
+            self.printer.event("crm", f"got {mtype}")
+
+    async def _adopt(self, intake: dict[str, Any]) -> None:
+        event = intake.get("event") or {}
+        resource_id = f"CRM-{self._next_id}"
+        self._next_id += 1
+        answer = await self._post(
+            "case.assign", None, intake_ref=intake.get("intake_ref"), resource_id=resource_id
+        )
+        if answer is None:
+            return
+        ref = answer["case"]
+        case = CrmCase(
+            ref["address"],
+            ref["key"],
+            str((event.get("from") or {}).get("address")),
+            str(event.get("message_ref")),
+        )
+        self.cases[case.address] = case
+        text = f"Hello,\n\nwe have opened {case.address} for you.\n"
+        if "call" in str(event.get("subject") or "").lower():
+            # This CRM lets its callback service take calls for this case.
+            case.transfer = True
+            policy = {"transfers": {"webhook": self.transfer_url}}
+            if await self._post("case.policy", case, **policy) is None:
+                return
+            mode_address = case.address.replace("@", "!callback@", 1)
+            text += f"To be called back, write to {mode_address} with your phone number.\n"
+        await self._mail(case, text)
+
+    async def _mail(self, case: CrmCase, body: str) -> None:
+        await self._post("mail.send", case, in_reply_to=case.last_message, body=body)
+
+    async def _post(
+        self, mtype: str, case: CrmCase | None, **payload: Any
+    ) -> dict[str, Any] | None:
+        assert self._client is not None
+        message: dict[str, Any] = {
+            "mas_modes_version": "0.1",
+            "type": mtype,
+            "id": secrets.token_hex(16),
+        }
+        if case is not None:
+            message["case"] = {"address": case.address, "key": case.key}
+        message.update(payload)
+        async with self._client.post(
+            self.masd_url, json=message, headers={"Authorization": f"Bearer {self.token}"}
+        ) as response:
+            answer = await response.json(content_type=None)
+        what = {
+            "case.assign": f"case.assign {payload.get('resource_id')}",
+            "case.policy": f"case.policy {json.dumps(payload)} for {case.address if case else ''}",
+            "mail.send": f"mail.send on {case.address if case else ''}",
+        }.get(mtype, mtype)
+        self.printer.event("crm", f"posted {what} -> HTTP {response.status} {json.dumps(answer)}")
+        if response.status != 200:
+            self.problems.append(f"{what} was refused: {answer}")
+            return None
+        return answer if isinstance(answer, dict) else {}
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class SlavePart:
+    """The demo's second part: masd in the slave role, under the demo master."""
+
+    def __init__(self, demo: Demo) -> None:
+        self.demo = demo
+        self.p = demo.p
+
+    async def run(self) -> int:
+        demo, p = self.demo, self.p
+        demo.problems = []
+        demo.until = asyncio.get_running_loop().time() + SETTLE_SECONDS
+        assert demo.slave is not None
+        demo.crm.transfer_url = demo.slave.webhook_url
+        p.line()
+        p.line()
+        p.line("masd as slave: an outside master owns the cases")
+        p.line("=" * 48)
+        p.line(f"Type 'case' of {DOMAIN} is in the slave role. Its master is a demo CRM at")
+        p.line(f"  {demo.slave.master_url}: it names the cases, decides what is mailed and when")
+        p.line("  a case may go to another mode. masd records, reports and carries out.")
+        p.line(f"Transfers may go to the callback service at {demo.slave.webhook_url}")
+        p.line("  (the type's 'webhooks' entry); the type's default policy is")
+        p.line('  {autonomous_send = false, transfers = "block"}.')
+
+        p.heading("7. Intake: masd reports, the master names the case")
+        p.line("Erin writes to case@help.example. masd invents no id: it reports case.intake,")
+        p.line("the CRM answers with case.assign CRM-1001 and a mail.send to Erin.")
+        _, mail = compose_mail(
+            sender="erin@example.org",
+            name="Erin Example",
+            to="case@help.example",
+            subject="Where is my parcel?",
+            body="Hello,\n\nmy parcel has not arrived.\n",
+        )
+        await demo.deliver("case@help.example", "erin@example.org", mail)
+        if await demo.wait_mails("erin@example.org", 1, "the CRM's answer to erin"):
+            answer = demo.sink.to("erin@example.org")[0]
+            case_address = email.utils.parseaddr(str(answer.message["From"]))[1]
+            p.heading("8. A case message, and a mode under the block policy")
+            p.line(f"Erin replies to {case_address.replace('@', '!chat@', 1)}, asking for chat.")
+            p.line("masd reports the mail as case.message; the policy blocks transfers, so the")
+            p.line("request is reported as handoff.requested with forwarded false, and nothing")
+            p.line("else happens. The CRM answers the message with mail.send.")
+            chat_address = case_address.replace("@", "!chat@", 1)
+            _, mail = compose_mail(
+                sender="erin@example.org",
+                name="Erin Example",
+                to=chat_address,
+                subject=_reply_subject(str(answer.message["Subject"])),
+                body="Could we chat about it instead?\n",
+                in_reply_to=str(answer.message["Message-ID"]),
+            )
+            await demo.deliver(chat_address, "erin@example.org", mail)
+            await demo.wait_mails("erin@example.org", 2, "the CRM's second answer to erin")
+
+        p.heading("9. The master turns on a transfer; the participant asks for a call")
+        p.line("Frank asks to be called. The CRM assigns CRM-1002 and sets case.policy")
+        p.line("transfers = {webhook: the callback service}; Frank then writes to the")
+        p.line("case's !callback address with his number. masd sends handoff.request to the")
+        p.line("webhook and relays every status it posts to the CRM, in order; the CRM")
+        p.line("tells Frank how it went.")
+        _, mail = compose_mail(
+            sender="frank@example.net",
+            name="Frank Example",
+            to="case@help.example",
+            subject="Please call me about my contract",
+            body="Hello,\n\nI would rather talk on the phone.\n",
+        )
+        await demo.deliver("case@help.example", "frank@example.net", mail)
+        if await demo.wait_mails("frank@example.net", 1, "the CRM's answer to frank"):
+            answer = demo.sink.to("frank@example.net")[0]
+            case_address = email.utils.parseaddr(str(answer.message["From"]))[1]
+            callback_address = case_address.replace("@", "!callback@", 1)
+            p.line(f"Frank writes to {callback_address}:")
+            _, mail = compose_mail(
+                sender="frank@example.net",
+                name="Frank Example",
+                to=callback_address,
+                subject=_reply_subject(str(answer.message["Subject"])),
+                body="Please call me.\n\nphone: +1 555 0142\n",
+                in_reply_to=str(answer.message["Message-ID"]),
+            )
+            await demo.deliver(callback_address, "frank@example.net", mail)
+            await demo.wait_mails("frank@example.net", 2, "the CRM's report to frank")
+
+        await demo.wait_store(_slave_settled, "every slave handoff closed and every row sent")
+        while demo.crm.busy and demo._left() > 0:
+            await asyncio.sleep(0.05)
+        return await self.report()
+
+    async def report(self) -> int:
+        demo, p = self.demo, self.p
+        assert demo.app is not None
+        assert demo.app.store is not None
+        p.heading("10. What the master received, in order")
+        for message in demo.crm.received:
+            address = (message.get("case") or {}).get("address", "(no case yet)")
+            detail = ""
+            if message.get("type") == "handoff.status":
+                detail = f"  seq {message.get('seq')} {message.get('status')}"
+            elif message.get("type") == "handoff.requested":
+                detail = (
+                    f"  {message.get('mode')} forwarded={str(message.get('forwarded')).lower()}"
+                )
+            p.line(f"  {message.get('type'):<18} {address}{detail}")
+        pages = await demo.app.store.read(_slave_pages)
+        p.heading("11. Each slave case's thread, as masd recorded it")
+        for page in pages:
+            p.line()
+            for text in page.rstrip("\n").splitlines():
+                p.line("  " + text)
+        p.line()
+        problems = demo.problems + demo.crm.problems
+        if problems:
+            p.line("The slave part did NOT settle:")
+            for problem in problems:
+                p.line(f"  - {problem}")
+            for text in await demo.app.store.read(_unsettled):
+                p.line(f"  - still {text}")
+            return 1
+        p.line(
+            f"Done: {len(pages)} slave cases, {len(demo.crm.received)} messages to the master, "
+            "every slave flow settled."
+        )
+        return 0
+
+
+def _slave_settled(db: Any) -> bool:
+    open_handoffs = db.execute(
+        "SELECT COUNT(*) FROM handoffs h JOIN cases c ON c.key = h.case_key "
+        "WHERE c.role = 'slave' AND h.closed_at IS NULL"
+    ).fetchone()
+    pending = db.execute("SELECT COUNT(*) FROM outbox WHERE state = 'pending'").fetchone()
+    handoffs = db.execute(
+        "SELECT COUNT(*) FROM handoffs h JOIN cases c ON c.key = h.case_key WHERE c.role = 'slave'"
+    ).fetchone()
+    return int(open_handoffs[0]) == 0 and int(pending[0]) == 0 and int(handoffs[0]) > 0
+
+
+def _slave_pages(db: Any) -> list[str]:
+    keys = [
+        row[0]
+        for row in db.execute(
+            "SELECT key FROM cases WHERE role = 'slave' ORDER BY created_at, rowid"
+        )
+    ]
+    pages = []
+    for key in keys:
+        case = case_json(db, key)
+        if case is not None:
+            pages.append(format_case(case, thread_json(db, key, limit=1000)))
+    return pages
+
+
 async def run_demo(out: TextIO) -> int:
     """Run the demo, writing to ``out``; 0 when every flow settled, else 1."""
     with tempfile.TemporaryDirectory(prefix="masd-demo-") as tmp:
         demo = Demo(out, Path(tmp))
         try:
             await demo.start()
-            return await demo.run()
+            master_part = await demo.run()
+            slave_part = await SlavePart(demo).run()
+            return master_part or slave_part
         finally:
             await demo.stop()
 

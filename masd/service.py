@@ -49,6 +49,7 @@ from masd.core.engine import (
     request_failed,
     slave_mail,
     slave_request,
+    slave_request_failed,
     status_from_mode,
 )
 from masd.core.errors import MasdError, TransitionError, WireError
@@ -416,13 +417,21 @@ def receive(
     )
     if kept is not None:
         return int(kept["status"]), json.loads(kept["body"])
+    # A refusal leaves nothing behind but its idempotency row: whatever the
+    # handler recorded before refusing is rolled back to this savepoint.
+    db.execute("SAVEPOINT receive")
     try:
         reply = _dispatch(rt, db, who, env, now)
         status, body = reply.status, dict(reply.body)
-    except WireError as exc:
-        status, body = exc.status, {"ok": False, "error": exc.code, "detail": exc.detail}
-    except TransitionError as exc:
-        status, body = 409, {"ok": False, "error": exc.code, "detail": exc.detail}
+    except (WireError, TransitionError) as exc:
+        db.execute("ROLLBACK TO receive")
+        status = exc.status if isinstance(exc, WireError) else 409
+        body = {"ok": False, "error": exc.code, "detail": exc.detail}
+    except BaseException:
+        db.execute("ROLLBACK TO receive")
+        db.execute("RELEASE receive")
+        raise
+    db.execute("RELEASE receive")
     db.execute(
         "INSERT INTO idempotency (peer, id, status, body, at) VALUES (?, ?, ?, ?, ?)",
         (who.id, env.id, status, dumps(body), now),
@@ -531,19 +540,25 @@ def _case_assign(rt: Runtime, db: Database, who: Principal, msg: CaseAssign, now
             f"intake_ref: no intake {msg.intake_ref}", code="unknown-intake", status=404
         )
     domain, type_ = intake["domain"], intake["type"]
+    # PROFILE §6: "400 invalid-message (schema, bounds ...)" before "403
+    # forbidden (right peer type, not its case ...)"; the id's bound depends
+    # on the intake's type, so both follow the lookup.
+    try:
+        resource_id = check_id(msg.resource_id, type=type_)
+    except MasdError as exc:
+        raise WireError(f"resource_id: {exc.detail}", code="invalid-message") from exc
+    _check_webhook(rt, domain, type_, msg.policy, "policy.transfers.webhook")
     if not who.serves(domain, type_):
         raise WireError(
             f"intake_ref: {msg.intake_ref} is not an intake of this master",
             code="forbidden",
             status=403,
         )
-    try:
-        resource_id = check_id(msg.resource_id, type=type_)
-    except MasdError as exc:
-        raise WireError(f"resource_id: {exc.detail}", code="invalid-message") from exc
-    _check_webhook(rt, domain, type_, msg.policy, "policy.transfers.webhook")
     address = parse_address(f"{type_}={resource_id}@{domain}", delimiter="")
-    ref = {"address": address.canonical, "key": address.key}
+    # PROFILE §1: the canonical address has the "id as assigned"; an id with
+    # the same key names the same case, which keeps its first spelling.
+    adopted = _row(db, "SELECT address FROM cases WHERE key = ?", (address.key,))
+    ref = {"address": adopted["address"] if adopted else address.canonical, "key": address.key}
     if intake["case_key"] is not None:
         if intake["case_key"] == address.key:
             return Reply(200, {"ok": True, "case": ref})  # the same assignment again
@@ -778,7 +793,11 @@ def outbox_failed(rt: Runtime, db: Database, item: OutboxItem, detail: str, now:
         data.update(type=message.get("type"), id=message.get("id"), peer=item.peer)
         if message.get("type") == "handoff.request":
             handoff = load_handoff(rt, db, message.get("handoff_id", ""))
-            if handoff is not None:
+            if handoff is not None and case.role == "slave":
+                # CONTRACT §3.2.3-§3.2.4: no resume mail; the master is told.
+                master = rt.master_of(case.domain, case.type)
+                effects = slave_request_failed(case, handoff, detail, master=master)
+            elif handoff is not None:
                 effects = request_failed(case, handoff, detail)
     else:
         data["to"] = json.loads(item.payload).get("rcpt_to")

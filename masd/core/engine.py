@@ -423,10 +423,14 @@ def master_deadline(case: CaseView, handoff: HandoffView, ctx: Context) -> list[
 
 def request_failed(case: CaseView, handoff: HandoffView, detail: str) -> list[Effect]:
     """PROFILE §7: "a refused handoff.request records failed with the detail
-    and resumes by email" (also when retries ran out)."""
-    if handoff.closed:
+    and resumes by email" (also when retries ran out).
+
+    A mode that already posted a status the table does not let ``failed``
+    follow (negotiating, scheduled) has the handoff anyway: the failed
+    delivery stays on the thread and the handoff as it is.
+    """
+    if handoff.closed or "failed" not in MACHINE.allowed(handoff.status):
         return []
-    MACHINE.check(handoff.status, "failed", source="email")
     fields = {"detail": detail[:1024]}
     return [
         Status(handoff.handoff_id, "failed", None, "email", fields),
@@ -621,4 +625,39 @@ def slave_request(
         Status(handoff_id, "requested", None, "email"),
         SendContract(transfer.peer, transfer.url, request, handoff_id),
         requested(True),
+    ]
+
+
+def slave_request_failed(
+    case: CaseView, handoff: HandoffView, detail: str, *, master: Peer
+) -> list[Effect]:
+    """A ``handoff.request`` to a webhook that was refused (4xx) or never got through.
+
+    PROFILE §7 records ``failed`` with the detail.  The master role then
+    resumes by mail; the slave role may not: "Email sends only on mail.send
+    from the master, unless the case policy ... sets autonomous_send: true.
+    Then email MAY also send acknowledgements and negotiation questions"
+    (CONTRACT §3.2.3), and a resume notice is neither.  The master, who owns
+    the control flow, learns it as the handoff's next status, relayed like
+    every other (CONTRACT §3.2.4), with the seq after the last one accepted.
+    A webhook that has posted statuses the table does not let ``failed``
+    follow (negotiating, scheduled) has the handoff anyway: the failed delivery
+    is on the thread, the handoff stays as it is.
+    """
+    if handoff.closed or "failed" not in MACHINE.allowed(handoff.status):
+        return []
+    fields = {"detail": detail[:1024]}
+    seq = (handoff.last_seq or 0) + 1
+    relayed = envelope(
+        "handoff.status",
+        f"relay-{handoff.handoff_id}-{seq}",
+        case.ref,
+        handoff_id=handoff.handoff_id,
+        seq=seq,
+        status="failed",
+        **fields,
+    )
+    return [
+        Status(handoff.handoff_id, "failed", None, "email", fields),
+        SendContract(master.peer, master.url, relayed, handoff.handoff_id),
     ]

@@ -1,0 +1,411 @@
+"""The pure engine in the slave role: decisions as effects (CONTRACT §3.2, PROFILE §3, §5, §9)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from masd.core.address import parse_address
+from masd.core.engine import (
+    CaseView,
+    Context,
+    Effect,
+    HandoffView,
+    OpenHandoff,
+    Peer,
+    PolicyView,
+    SendContract,
+    SendMail,
+    Status,
+    Thread,
+    Transfer,
+    cancel_from_master,
+    case_message,
+    slave_mail,
+    slave_request,
+    slave_request_failed,
+    status_from_mode,
+)
+from masd.core.errors import TransitionError, WireError
+from masd.core.event import ParsedMail, build_event
+from masd.core.trust import TrustSettings
+from masd.core.wire import CaseRef, HandoffCancel, HandoffStatus
+
+TRUST = TrustSettings(frozenset({"mx.help.example"}), frozenset({"mx.help.example"}))
+MASTER = Peer("master:help.example/case", "http://127.0.0.1:9/crm")
+HOOK = Transfer(
+    "webhook:help.example/case/http://127.0.0.1:9/hooks/", "http://127.0.0.1:9/hooks/a", ("phone",)
+)
+BLOCK = PolicyView(autonomous_send=False, transfers="block")
+FORWARD = PolicyView(autonomous_send=False, transfers=HOOK.url)
+AUTONOMOUS = PolicyView(autonomous_send=True, transfers=HOOK.url)
+ADDRESS = "case=CRM-1@help.example"
+KEY = "case=crm-1@help.example"
+
+
+def mail(
+    rcpt: str = ADDRESS,
+    *,
+    sender: str = "alice@example.com",
+    dmarc: str | None = "pass",
+    body: str = "Please call me.\nphone: +1 555 0100\n",
+    extra: str = "",
+) -> ParsedMail:
+    ar = (
+        f"Authentication-Results: mx.help.example; dmarc={dmarc}"
+        f" header.from={sender.split('@')[1]}\r\n"
+        if dmarc
+        else ""
+    )
+    raw = (
+        f"{ar}From: {sender}\r\nTo: {rcpt}\r\nSubject: Help\r\n"
+        f"Message-ID: <m1@example.com>\r\n{extra}\r\n{body}"
+    ).encode()
+    return build_event(
+        raw,
+        mail_from=sender,
+        rcpt_to=rcpt,
+        received_at="2026-11-29T10:00:00Z",
+        message_ref="msg-1",
+        trust=TRUST,
+    )
+
+
+def ctx() -> Context:
+    counter = itertools.count(1)
+    return Context(
+        now=1000.0, new_id=lambda: f"id{next(counter)}", status_url="http://masd/mas/v0.1/messages"
+    )
+
+
+def handoff(
+    status: str = "requested",
+    last_seq: int | None = None,
+    needs: tuple[str, ...] = (),
+    *,
+    forwarded: bool = True,
+) -> HandoffView:
+    return HandoffView(
+        "h1",
+        KEY,
+        "callback",
+        HOOK.peer if forwarded else "email",
+        HOOK.url if forwarded else None,
+        status,
+        last_seq,
+        needs,
+        forwarded,
+    )
+
+
+def case(open_handoff: HandoffView | None = None) -> CaseView:
+    return CaseView(
+        KEY, ADDRESS, "help.example", "case", "CRM-1", "slave", "alice@example.com", open_handoff
+    )
+
+
+def of(kind: type, effects: Any) -> list[Any]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def to_master(effects: Any) -> list[dict[str, Any]]:
+    return [dict(e.message) for e in of(SendContract, effects) if e.peer == MASTER.peer]
+
+
+def on_mail(
+    rcpt: str, parsed: ParsedMail, policy: PolicyView, c: CaseView | None = None
+) -> list[Effect]:
+    return slave_mail(
+        c or case(),
+        parse_address(rcpt),
+        parsed,
+        policy,
+        ctx(),
+        master=MASTER,
+        transfer=HOOK if policy.transfers != "block" else None,
+        require_dmarc=True,
+    )
+
+
+def status(seq: int, value: str, **fields: Any) -> HandoffStatus:
+    return HandoffStatus("s1", CaseRef(ADDRESS, KEY), "h1", seq, value, **fields)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def test_policy_to_json_is_the_contract_shape() -> None:
+    assert BLOCK.to_json() == {"autonomous_send": False, "transfers": "block"}
+    assert AUTONOMOUS.to_json() == {"autonomous_send": True, "transfers": {"webhook": HOOK.url}}
+
+
+def test_case_message_carries_event_and_message_ref() -> None:
+    event = {"message_ref": "msg-9", "subject": "Hi"}
+    message = case_message(case(), "msg-9", event)
+    assert message == {
+        "mas_modes_version": "0.1",
+        "type": "case.message",
+        "id": "msg-msg-9",  # one message recorded once is reported once
+        "case": {"address": ADDRESS, "key": KEY},
+        "event": event,
+        "message_ref": "msg-9",
+    }
+
+
+# --------------------------------------------------------------------------- mail on a case
+
+
+def test_mail_is_recorded_and_reported_and_nothing_else() -> None:
+    parsed = mail()
+    effects = on_mail(ADDRESS, parsed, AUTONOMOUS)
+    (entry,) = of(Thread, effects)
+    assert entry.kind == "mail.in"
+    assert entry.data["message_ref"] == "msg-1"
+    assert "requested_mode" not in entry.data
+    (message,) = to_master(effects)
+    assert message["type"] == "case.message"
+    assert message["event"] == parsed.event.to_json()
+    # CONTRACT §3.2.3: no mail unless the master asks (a plain mail is not a question).
+    assert of(SendMail, effects) == []
+    assert len(effects) == 2
+
+
+def test_block_reports_not_forwarded_and_nothing_else() -> None:
+    effects = on_mail("case=CRM-1!callback@help.example", mail(), BLOCK)
+    assert of(Thread, effects)[0].data["requested_mode"] == "callback"
+    case_msg, requested = to_master(effects)
+    assert case_msg["type"] == "case.message"
+    assert requested["type"] == "handoff.requested"
+    assert (requested["mode"], requested["forwarded"]) == ("callback", False)
+    assert requested["handoff_id"] == "id1"
+    assert "reason" not in requested
+    assert of(OpenHandoff, effects) == []
+    assert of(Status, effects) == []
+    assert of(SendMail, effects) == []
+
+
+def test_webhook_gets_the_request_and_the_master_is_told() -> None:
+    effects = on_mail("case=CRM-1!callback@help.example", mail(), FORWARD)
+    (opened,) = of(OpenHandoff, effects)
+    assert opened.deadline_at is None  # CONTRACT §3.2.5: timeouts belong to the master
+    assert (opened.peer, opened.url, opened.forwarded) == (HOOK.peer, HOOK.url, True)
+    assert opened.details == {"subject": "Help", "phone": "+1 555 0100"}
+    (requested_status,) = of(Status, effects)
+    assert (requested_status.status, requested_status.source) == ("requested", "email")
+    (request,) = [e for e in of(SendContract, effects) if e.peer == HOOK.peer]
+    assert request.url == HOOK.url
+    assert request.message["type"] == "handoff.request"
+    assert request.message["handoff_id"] == opened.handoff_id
+    assert request.message["status_url"] == "http://masd/mas/v0.1/messages"
+    assert request.message["participant"] == {"address": "alice@example.com"}
+    _, requested = to_master(effects)
+    assert requested["forwarded"] is True
+    assert requested["handoff_id"] == opened.handoff_id
+    assert requested["id"] == f"req-{opened.handoff_id}"
+
+
+def test_any_mode_goes_to_the_master_modes_do_not_apply() -> None:
+    # PROFILE §9: "The type's modes list does not apply to slave types".
+    effects = on_mail("case=CRM-1!carrier-pigeon@help.example", mail(), FORWARD)
+    (opened,) = of(OpenHandoff, effects)
+    assert opened.mode == "carrier-pigeon"
+
+
+@pytest.mark.parametrize(
+    ("sender", "dmarc", "extra"),
+    [
+        ("alice@example.com", None, ""),  # not authenticated
+        ("alice@example.com", "fail", ""),
+        ("alice@example.com", "pass", "Auto-Submitted: auto-generated\r\n"),
+        ("mallory@example.net", "pass", ""),  # not the participant
+    ],
+)
+def test_steering_needs_the_authenticated_participant(
+    sender: str, dmarc: str | None, extra: str
+) -> None:
+    effects = on_mail(
+        "case=CRM-1!callback@help.example",
+        mail(sender=sender, dmarc=dmarc, extra=extra),
+        FORWARD,
+    )
+    (opened,) = of(OpenHandoff, effects)
+    assert (opened.peer, opened.url, opened.forwarded) == ("email", None, False)
+    assert [(s.status, s.source, dict(s.fields)) for s in of(Status, effects)] == [
+        ("requested", "email", {}),
+        ("refused", "email", {"reason": "blocked"}),
+    ]
+    _, requested = to_master(effects)
+    assert (requested["forwarded"], requested["reason"]) == (False, "blocked")
+    assert [e for e in of(SendContract, effects) if e.peer == HOOK.peer] == []
+
+
+def test_steering_without_require_dmarc() -> None:
+    effects = slave_request(
+        case(),
+        "callback",
+        mail(dmarc=None),
+        FORWARD,
+        ctx(),
+        master=MASTER,
+        transfer=HOOK,
+        require_dmarc=False,
+    )
+    (opened,) = of(OpenHandoff, effects)
+    assert opened.forwarded is True
+
+
+def test_one_open_handoff_per_case() -> None:
+    c = case(handoff("scheduled", 1))
+    effects = on_mail("case=CRM-1!callback@help.example", mail(), FORWARD, c)
+    assert of(OpenHandoff, effects) == []
+    assert [m["type"] for m in to_master(effects)] == ["case.message"]
+
+
+def test_a_policy_without_a_matching_webhook_does_not_forward() -> None:
+    effects = slave_request(
+        case(), "callback", mail(), FORWARD, ctx(), master=MASTER, transfer=None, require_dmarc=True
+    )
+    (requested,) = to_master(effects)
+    assert requested["forwarded"] is False
+    assert of(OpenHandoff, effects) == []
+
+
+def test_negotiation_reply_is_an_update_only_with_autonomous_send() -> None:
+    c = case(handoff("negotiating", 1, ("phone",)))
+    reply = mail(body="phone: +1 555 0199\n")
+    quiet = on_mail(ADDRESS, reply, FORWARD, c)
+    # PROFILE §5: "In the slave role without autonomous_send, email asks
+    # nothing and sends no handoff.update; the master sees the reply as case.message."
+    assert [e for e in of(SendContract, quiet) if e.peer == HOOK.peer] == []
+    assert [m["type"] for m in to_master(quiet)] == ["case.message"]
+
+    loud = on_mail(ADDRESS, reply, AUTONOMOUS, c)
+    (update,) = [e for e in of(SendContract, loud) if e.peer == HOOK.peer]
+    assert update.url == HOOK.url
+    assert update.message["type"] == "handoff.update"
+    assert update.message["details"] == {"phone": "+1 555 0199"}
+    assert [m["type"] for m in to_master(loud)] == ["case.message"]
+
+    # Someone else's reply supplies nothing, autonomous or not.
+    other = on_mail(ADDRESS, mail(sender="bob@example.net", body="phone: 1\n"), AUTONOMOUS, c)
+    assert [e for e in of(SendContract, other) if e.peer == HOOK.peer] == []
+
+
+# --------------------------------------------------------------------------- statuses and relays
+
+
+def test_every_status_is_relayed_with_the_modes_seq() -> None:
+    h = handoff("requested")
+    reply = status_from_mode(
+        case(h), h, status(1, "scheduled", at="2030-01-01T10:00:00Z"), resume=False, relay=MASTER
+    )
+    assert (reply.status, dict(reply.body)) == (200, {"ok": True})
+    (recorded,) = of(Status, reply.effects)
+    assert (recorded.status, recorded.seq, recorded.source) == ("scheduled", 1, "mode")
+    (relayed,) = of(SendContract, reply.effects)
+    assert (relayed.peer, relayed.url, relayed.handoff_id) == (MASTER.peer, MASTER.url, "h1")
+    assert relayed.message == {
+        "mas_modes_version": "0.1",
+        "type": "handoff.status",
+        "id": "relay-h1-1",
+        "case": {"address": ADDRESS, "key": KEY},
+        "handoff_id": "h1",
+        "seq": 1,
+        "status": "scheduled",
+        "at": "2030-01-01T10:00:00Z",
+    }
+
+
+def test_terminal_status_is_relayed_and_nobody_is_mailed() -> None:
+    h = handoff("running", 2)
+    reply = status_from_mode(
+        case(h), h, status(3, "completed", detail="done"), resume=False, relay=MASTER
+    )
+    assert of(SendMail, reply.effects) == []
+    (relayed,) = of(SendContract, reply.effects)
+    assert (relayed.message["status"], relayed.message["detail"]) == ("completed", "done")
+
+
+@pytest.mark.parametrize(("ask", "questions"), [(False, 0), (True, 1)])
+def test_question_only_with_autonomous_send(ask: bool, questions: int) -> None:
+    h = handoff("requested")
+    reply = status_from_mode(
+        case(h), h, status(1, "negotiating", needs=("phone",)), resume=False, ask=ask, relay=MASTER
+    )
+    mails = of(SendMail, reply.effects)
+    assert len(mails) == questions
+    if mails:
+        assert mails[0].purpose == "question"
+        assert mails[0].auto_submitted is True
+        assert "phone:" in mails[0].body.splitlines()
+    (relayed,) = of(SendContract, reply.effects)
+    assert relayed.message["needs"] == ["phone"]
+
+
+def test_stale_and_timed_out_statuses_are_not_relayed() -> None:
+    h = handoff("scheduled", 2)
+    stale = status_from_mode(case(h), h, status(2, "running"), resume=False, relay=MASTER)
+    assert (stale.status, dict(stale.body), list(stale.effects)) == (
+        200,
+        {"ok": True, "ignored": "stale"},
+        [],
+    )
+    # CONTRACT §3.2.5: "Email sets no deadline and never records timed-out."
+    with pytest.raises(TransitionError):
+        status_from_mode(case(h), h, status(3, "timed-out"), resume=False, relay=MASTER)
+    done = handoff("completed", 3)
+    with pytest.raises(TransitionError):
+        status_from_mode(case(done), done, status(4, "running"), resume=False, relay=MASTER)
+
+
+# --------------------------------------------------------------------------- cancel and failure
+
+
+def test_master_cancel_records_and_forwards() -> None:
+    h = handoff("scheduled", 1)
+    cancel = HandoffCancel("c1", CaseRef(ADDRESS, KEY), "h1", "solved")
+    reply = cancel_from_master(case(h), h, cancel, ctx())
+    assert (reply.status, dict(reply.body)) == (200, {"ok": True})
+    (recorded,) = of(Status, reply.effects)
+    assert (recorded.status, recorded.source, dict(recorded.fields)) == (
+        "cancelled",
+        "email",
+        {"reason": "solved"},
+    )
+    (forwarded,) = of(SendContract, reply.effects)
+    assert (forwarded.peer, forwarded.url) == (HOOK.peer, HOOK.url)
+    assert forwarded.message["type"] == "handoff.cancel"
+    assert forwarded.message["reason"] == "solved"
+
+
+def test_cancel_of_a_terminal_handoff_is_409() -> None:
+    h = handoff("refused", None, forwarded=False)
+    cancel = HandoffCancel("c1", CaseRef(ADDRESS, KEY), "h1", "solved")
+    with pytest.raises(WireError) as caught:
+        cancel_from_master(case(), h, cancel, ctx())
+    assert (caught.value.status, caught.value.code) == (409, "invalid-transition")
+    assert "h1" in caught.value.detail
+
+
+def test_refused_request_fails_tells_the_master_and_mails_nobody() -> None:
+    h = handoff("requested")
+    effects = slave_request_failed(case(h), h, "HTTP 400: no", master=MASTER)
+    (recorded,) = of(Status, effects)
+    assert (recorded.status, recorded.source, dict(recorded.fields)) == (
+        "failed",
+        "email",
+        {"detail": "HTTP 400: no"},
+    )
+    (relayed,) = to_master(effects)
+    assert (relayed["type"], relayed["seq"], relayed["status"]) == ("handoff.status", 1, "failed")
+    assert of(SendMail, effects) == []
+    # After statuses from the mode the relay's seq follows the last one.
+    later = handoff("running", 4)
+    (relayed,) = to_master(slave_request_failed(case(later), later, "gave up", master=MASTER))
+    assert relayed["seq"] == 5
+    # Closed, or where the table lets nothing fail (the webhook has the handoff): nothing.
+    for current in ("completed", "scheduled", "negotiating"):
+        h = handoff(current, 5)
+        assert slave_request_failed(case(h), h, "x", master=MASTER) == []
