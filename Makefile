@@ -54,5 +54,11 @@ bench-smoke: $(BIN)/.installed
 
 .PHONY: bench-smoke
 
+# The conformance suite (conformance/README.md): every flow of both roles against this masd.
+conformance: $(BIN)/.installed
+	$(BIN)/masd conformance run
+
+.PHONY: conformance
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,834 @@
+"""Flows as data: the JSON format of ``conformance/flows/<role>/<name>.json``, checked.
+
+A flow is one JSON object (``conformance/flows/flow.schema.json`` is its
+schema; ``conformance/README.md`` explains each key)::
+
+    {"name": "intake-acknowledged", "role": "master",
+     "covers": ["CONTRACT §3.1.3", "PROFILE §4"],
+     "description": "...", "clock": "test", "config": {...},
+     "steps": [{"mail": {...}}, {"expect_mail": {...}}, ...]}
+
+:func:`load_flow` turns one file into a frozen :class:`Flow` or raises
+:class:`FlowError` naming the key path at fault (``steps[3].expect.within``)
+and why.  Beyond the schema it checks what a schema cannot: the name equals
+the file's stem, every ``covers`` entry is a clause of :data:`CLAUSES`, a
+``tick`` only on the test clock, and every ``${name}`` is defined before it
+is used (a built-in, or captured by an earlier step).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from masd.core.errors import MasdError
+
+__all__ = [
+    "BUILTINS",
+    "CLAUSES",
+    "PEERS",
+    "POSTERS",
+    "Answer",
+    "Auth",
+    "Clause",
+    "ExpectMailStep",
+    "ExpectStep",
+    "Flow",
+    "FlowError",
+    "MailStep",
+    "NothingStep",
+    "PostStep",
+    "ReadStep",
+    "RelayStep",
+    "ReleaseStep",
+    "RestartStep",
+    "Step",
+    "TickStep",
+    "load_flow",
+    "load_flows",
+    "parse_duration",
+]
+
+
+class FlowError(MasdError):
+    """A flow file that is not a valid flow; ``path`` names the key at fault."""
+
+    code = "bad-flow"
+
+    def __init__(self, detail: str, *, path: str = "", file: str = "") -> None:
+        super().__init__(detail)
+        self.path = path
+        self.file = file
+
+    def __str__(self) -> str:
+        where = ": ".join(p for p in (self.file, self.path) if p)
+        return f"{where}: {self.detail}" if where else self.detail
+
+
+# --------------------------------------------------------------------------- clauses
+
+
+@dataclass(frozen=True)
+class Clause:
+    """A clause a flow can cover, and the roles it concerns."""
+
+    id: str
+    title: str
+    roles: frozenset[str]
+
+
+_BOTH = frozenset({"master", "slave"})
+_MASTER = frozenset({"master"})
+_SLAVE = frozenset({"slave"})
+
+#: Every clause of CONTRACT §2-§6 and PROFILE §1-§9, in document order.
+CLAUSES: Final[tuple[Clause, ...]] = (
+    Clause("CONTRACT §2", "Parties and transport: envelope, idempotency, seq, responses", _BOTH),
+    Clause("CONTRACT §3.1.1", "Master: !MODE sends handoff.request, or email refuses", _MASTER),
+    Clause("CONTRACT §3.1.2", "Master: deadline, timed-out, handoff.cancel, resume", _MASTER),
+    Clause("CONTRACT §3.1.3", "Master: every status recorded; resume on terminal", _MASTER),
+    Clause("CONTRACT §3.1.4", "Master: negotiation by mail, handoff.update", _MASTER),
+    Clause("CONTRACT §3.2.1", "Slave: case.intake, case.assign, no invented ids", _SLAVE),
+    Clause("CONTRACT §3.2.2", "Slave: inbound mail on a case is case.message", _SLAVE),
+    Clause("CONTRACT §3.2.3", "Slave: sending only on mail.send or autonomous_send", _SLAVE),
+    Clause("CONTRACT §3.2.4", "Slave: transfers block or webhook, relays", _SLAVE),
+    Clause("CONTRACT §3.2.5", "Slave: timeouts belong to the master", _SLAVE),
+    Clause("CONTRACT §4", "Handoff status machine", _BOTH),
+    Clause("CONTRACT §5", "Message types", _BOTH),
+    Clause("CONTRACT §6", "Principle 10 in both roles", _BOTH),
+    Clause("PROFILE §1", "Addresses", _BOTH),
+    Clause("PROFILE §2", "LMTP replies", _BOTH),
+    Clause("PROFILE §3", "Trust, automation and Principle 10", _BOTH),
+    Clause("PROFILE §4", "Outbound mail", _BOTH),
+    Clause("PROFILE §5", "Details and negotiation", _BOTH),
+    Clause("PROFILE §6", "HTTP listener", _BOTH),
+    Clause("PROFILE §7", "Outbound contract messages", _BOTH),
+    Clause("PROFILE §8", "Master-role timeouts", _MASTER),
+    Clause("PROFILE §9", "Slave role", _SLAVE),
+)
+_CLAUSE_IDS: Final = frozenset(c.id for c in CLAUSES)
+
+#: The fake peers of the runner's standard configuration (see the runner).
+PEERS: Final = ("callback", "sms", "master", "other", "webhook")
+#: Who may ``post``: a peer, ``admin`` (the admin secret) or ``nobody`` (no secret).
+POSTERS: Final = (*PEERS, "admin", "nobody")
+#: Variables every flow may use.
+BUILTINS: Final = frozenset(
+    {"messages_url", "http_url", "domain", "fresh"}
+    | {f"peer.{p}.{what}" for p in PEERS for what in ("url", "token")}
+)
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,79}")
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+_VAR_REF = re.compile(r"\$\{([^}]*)\}")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_REPLY = re.compile(r"[2-5]\d\d( [245]\.\d{1,3}\.\d{1,3})?")
+
+
+def parse_duration(text: str) -> float:
+    """``"500ms"``, ``"2s"``, ``"1.5m"``, ``"2h"``, ``"3d"`` in seconds; ValueError otherwise."""
+    m = _DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None:
+        raise ValueError(f"{text!r} is not a duration like 500ms, 2s, 15m, 2h or 3d")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+# --------------------------------------------------------------------------- steps
+
+
+@dataclass(frozen=True)
+class Auth:
+    """The Authentication-Results line a ``mail`` step puts on top.
+
+    ``header_from`` None: the domain of the From address.
+    """
+
+    authserv_id: str
+    dmarc: str
+    header_from: str | None = None
+
+
+@dataclass(frozen=True)
+class MailStep:
+    """Deliver one mail over LMTP; ``replies`` is the expected reply per recipient."""
+
+    rcpt: tuple[str, ...]
+    sender: str = "ann@example.org"
+    mail_from: str | None = None  # None: the From address; "" the null sender
+    to_header: str | None = None
+    subject: str | None = "Help, please"
+    body: str = "Hello.\n"
+    body_repeat: int = 1
+    auth: Auth | None = Auth("mx.help.example", "pass")
+    trace: tuple[tuple[str, str], ...] | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    message_id: str | None = None  # None: a fresh one
+    no_message_id: bool = False
+    in_reply_to: str | None = None
+    save_as: str | None = None
+    again: str | None = None
+    replies: tuple[str, ...] | None = None  # None: 250 for every recipient
+
+
+@dataclass(frozen=True)
+class PostStep:
+    """Send a contract message (or raw bytes) to the implementation as ``peer``."""
+
+    peer: str
+    status: int
+    message: Any = None
+    raw: str | None = None
+    repeat: int = 1
+    envelope: bool = True
+    headers: tuple[tuple[str, str | None], ...] = ()
+    path: str = "/mas/v0.1/messages"
+    body: Any = None
+    capture: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: Any
+
+
+@dataclass(frozen=True)
+class ExpectStep:
+    """A contract message the implementation must send to ``peer``; ``answer`` None holds it."""
+
+    peer: str
+    type: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    capture: Mapping[str, str] = field(default_factory=dict)
+    answer: Answer | None = Answer(200, {"ok": True})
+    within: float = 5.0
+    advance: float | None = None  # test clock seconds to add every ADVANCE_EVERY while waiting
+
+
+@dataclass(frozen=True)
+class ReleaseStep:
+    """Answer the oldest request an ``expect`` held (``"answer": "hold"``) for ``peer``."""
+
+    peer: str
+    answer: Answer
+
+
+@dataclass(frozen=True)
+class ExpectMailStep:
+    """A mail the implementation must send through the relay."""
+
+    to: str | None = None
+    sender: str | None = None
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    absent_headers: tuple[str, ...] = ()
+    body_contains: tuple[str, ...] = ()
+    body_lines: tuple[str, ...] = ()
+    body_lacks: tuple[str, ...] = ()
+    capture: Mapping[str, str] = field(default_factory=dict)
+    within: float = 5.0
+    advance: float | None = None
+
+
+@dataclass(frozen=True)
+class NothingStep:
+    """No contract message to any peer and no mail within ``within`` (real seconds)."""
+
+    within: float
+
+
+@dataclass(frozen=True)
+class TickStep:
+    """Advance the implementation's test clock."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RestartStep:
+    """Stop the implementation (SIGTERM, or SIGKILL with ``kill``) and start it again."""
+
+    kill: bool = False
+
+
+@dataclass(frozen=True)
+class ReadStep:
+    """Read the case (or its thread) through the read side and match it."""
+
+    case: str
+    thread: bool = False
+    status: int = 200
+    match: Any = None
+    kinds: tuple[str, ...] | None = None
+    entries: tuple[Any, ...] | None = None
+    within: float = 5.0
+
+
+@dataclass(frozen=True)
+class RelayStep:
+    """Make the SMTP relay refuse the next messages, or go down / come back."""
+
+    refuse: str | None = None
+    count: int = 1
+    at: Literal["DATA", "RCPT"] = "DATA"
+    down: bool | None = None
+
+
+Action = (
+    MailStep
+    | PostStep
+    | ExpectStep
+    | ReleaseStep
+    | ExpectMailStep
+    | NothingStep
+    | TickStep
+    | RestartStep
+    | ReadStep
+    | RelayStep
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: its kind (the key that names it), its action and an optional note."""
+
+    kind: str
+    action: Action
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Flow:
+    name: str
+    role: Literal["master", "slave"]
+    covers: tuple[str, ...]
+    description: str
+    clock: Literal["test", "real"]
+    config: Mapping[str, Any]
+    steps: tuple[Step, ...]
+    path: Path | None = None
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class _Obj:
+    """A JSON object being read: typed getters that name the path, and unknown keys refused."""
+
+    def __init__(self, value: Any, path: str) -> None:
+        if not isinstance(value, dict):
+            raise FlowError(f"must be an object, not {_kind(value)}", path=path)
+        self.data: dict[str, Any] = value
+        self.path = path
+        self.used: set[str] = set()
+
+    def at(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        return self.data.get(key, default)
+
+    def req(self, key: str) -> Any:
+        if key not in self.data:
+            raise FlowError("is required", path=self.at(key))
+        return self.raw(key)
+
+    def text(self, key: str, default: str | None = None, *, required: bool = False) -> str | None:
+        if required:
+            self.req(key)
+        value = self.raw(key, default)
+        if value is not None and not isinstance(value, str):
+            raise FlowError(f"must be a string, not {_kind(value)}", path=self.at(key))
+        return value
+
+    def nullable_str(self, key: str) -> tuple[bool, str | None]:
+        """(present, value): a key that may be given as null on purpose."""
+        present = key in self.data
+        value = self.raw(key)
+        if value is not None and not isinstance(value, str):
+            raise FlowError(f"must be a string or null, not {_kind(value)}", path=self.at(key))
+        return present, value
+
+    def integer(
+        self, key: str, default: int | None = None, *, low: int = 0, high: int = 10**9
+    ) -> int:
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise FlowError(f"must be an integer, not {_kind(value)}", path=self.at(key))
+        if not low <= value <= high:
+            raise FlowError(f"{value} is not from {low} to {high}", path=self.at(key))
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise FlowError(f"must be true or false, not {_kind(value)}", path=self.at(key))
+        return value
+
+    def strs(self, key: str, *, nonempty: bool = False) -> tuple[str, ...]:
+        value = self.raw(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise FlowError("must be a list of strings", path=self.at(key))
+        if nonempty and not value:
+            raise FlowError("must not be empty", path=self.at(key))
+        return tuple(value)
+
+    def duration(self, key: str, default: str) -> float:
+        text = self.text(key, default)
+        assert text is not None
+        try:
+            return parse_duration(text)
+        except ValueError as exc:
+            raise FlowError(str(exc), path=self.at(key)) from None
+
+    def obj(self, key: str) -> _Obj:
+        return _Obj(self.raw(key, {}), self.at(key))
+
+    def captures(self, key: str = "capture") -> dict[str, str]:
+        value = self.raw(key, {})
+        if not isinstance(value, dict):
+            raise FlowError("must be an object of name: path", path=self.at(key))
+        for name, where in value.items():
+            if not _VAR_NAME.fullmatch(name):
+                raise FlowError(f"{name!r} is not a variable name", path=self.at(key))
+            if not isinstance(where, str) or not where:
+                raise FlowError(f"{name}: must be a non-empty string", path=self.at(key))
+        return dict(value)
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.used)
+        if unknown:
+            raise FlowError(f"unknown key {unknown[0]!r}", path=self.path or "(top)")
+
+
+def _kind(value: Any) -> str:
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _peer(o: _Obj, key: str, allowed: Iterable[str]) -> str:
+    name = o.text(key, required=True)
+    assert name is not None
+    choices = tuple(allowed)
+    if name not in choices:
+        raise FlowError(f"{name!r} is not one of {', '.join(choices)}", path=o.at(key))
+    return name
+
+
+def _answer(value: Any, path: str) -> Answer | None:
+    """``200``, ``"hold"`` or ``{"status": 503, "body": {...}}``."""
+    if value == "hold":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        status = value
+        body: Any = None
+    else:
+        o = _Obj(value, path)
+        status = o.integer("status", low=100, high=599)
+        body = o.raw("body")
+        o.done()
+    if not 200 <= status <= 599:
+        raise FlowError(f"{status} is not an HTTP status from 200 to 599", path=path)
+    if body is None:
+        body = (
+            {"ok": True}
+            if status < 300
+            else {"ok": False, "error": "refused", "detail": "refused by the flow"}
+        )
+    return Answer(status, body)
+
+
+def _mail(o: _Obj) -> MailStep:
+    again = o.text("again")
+    rcpt: tuple[str, ...] = ()
+    if o.has("rcpt") and o.has("to"):
+        raise FlowError("give rcpt or to, not both", path=o.path)
+    if o.has("rcpt"):
+        rcpt = o.strs("rcpt", nonempty=True)
+    elif o.has("to"):
+        to = o.text("to")
+        assert to is not None
+        rcpt = (to,)
+    elif again is None:
+        raise FlowError("needs rcpt (a list) or to (one recipient)", path=o.path)
+    auth: Auth | None = Auth("mx.help.example", "pass")
+    given = o.raw("auth", "pass")
+    if given in ("pass", "fail"):
+        auth = Auth("mx.help.example", str(given))
+    elif given == "none":
+        auth = None
+    elif isinstance(given, dict):
+        a = _Obj(given, o.at("auth"))
+        auth = Auth(
+            a.text("authserv_id", "mx.help.example") or "",
+            a.text("dmarc", "pass") or "",
+            a.text("header_from"),
+        )
+        a.done()
+    else:
+        raise FlowError(
+            'must be "pass", "fail", "none" or {authserv_id, dmarc, header_from}',
+            path=o.at("auth"),
+        )
+    trace: tuple[tuple[str, str], ...] | None = None
+    if o.has("trace"):
+        trace = _pairs(o.raw("trace"), o.at("trace"))
+    headers: list[tuple[str, str]] = []
+    extra = o.obj("headers")
+    for name in list(extra.data):
+        value = extra.raw(name)
+        values = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in values):
+            raise FlowError("must be a string or a list of strings", path=extra.at(name))
+        headers += [(name, v) for v in values]
+    present, message_id = o.nullable_str("message_id")
+    replies = None
+    if o.has("replies"):
+        replies = o.strs("replies")
+        for i, reply in enumerate(replies):
+            if not _REPLY.fullmatch(reply):
+                raise FlowError(
+                    f'{reply!r} is not a reply code like "250" or "550 5.1.1"',
+                    path=f"{o.at('replies')}[{i}]",
+                )
+        if rcpt and len(replies) != len(rcpt):
+            raise FlowError(
+                f"{len(replies)} replies for {len(rcpt)} recipients", path=o.at("replies")
+            )
+    step = MailStep(
+        rcpt=rcpt,
+        sender=o.text("from", "ann@example.org") or "",
+        mail_from=o.text("mail_from"),
+        to_header=o.text("to_header"),
+        subject=o.nullable_str("subject")[1] if o.has("subject") else "Help, please",
+        body=o.text("body", "Hello.\n") or "",
+        body_repeat=o.integer("body_repeat", 1, low=1, high=10_000_000),
+        auth=auth,
+        trace=trace,
+        headers=tuple(headers),
+        message_id=message_id,
+        no_message_id=present and message_id is None,
+        in_reply_to=o.text("in_reply_to"),
+        save_as=o.text("as"),
+        again=again,
+        replies=replies,
+    )
+    if step.save_as is not None and not _VAR_NAME.fullmatch(step.save_as):
+        raise FlowError(f"{step.save_as!r} is not a variable name", path=o.at("as"))
+    return step
+
+
+def _pairs(value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    ok = isinstance(value, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in value
+    )
+    if not ok:
+        raise FlowError('must be a list of ["Name", "value"] pairs', path=path)
+    return tuple((p[0], p[1]) for p in value)
+
+
+def _post(o: _Obj) -> PostStep:
+    peer = _peer(o, "peer", POSTERS)
+    if o.has("message") == o.has("raw"):
+        raise FlowError("give message (a JSON object) or raw (text), exactly one", path=o.path)
+    headers: list[tuple[str, str | None]] = []
+    h = o.obj("headers")
+    for name in list(h.data):
+        value = h.raw(name)
+        if value is not None and not isinstance(value, str):
+            raise FlowError("must be a string, or null to leave it out", path=h.at(name))
+        headers.append((name, value))
+    message = o.raw("message")
+    if o.has("message") and not isinstance(message, dict):
+        raise FlowError("must be an object", path=o.at("message"))
+    path = o.text("path", "/mas/v0.1/messages") or ""
+    if not path.startswith("/"):
+        raise FlowError("must start with /", path=o.at("path"))
+    return PostStep(
+        peer=peer,
+        status=o.integer("status", low=100, high=599) if o.has("status") else _missing(o, "status"),
+        message=message,
+        raw=o.text("raw"),
+        repeat=o.integer("repeat", 1, low=1, high=10_000_000),
+        envelope=o.flag("envelope", True),
+        headers=tuple(headers),
+        path=path,
+        body=o.raw("body"),
+        capture=o.captures(),
+    )
+
+
+def _missing(o: _Obj, key: str) -> Any:
+    raise FlowError("is required", path=o.at(key))
+
+
+def _expect(o: _Obj) -> ExpectStep:
+    fields = o.raw("fields", {})
+    if not isinstance(fields, dict):
+        raise FlowError("must be an object (a subset of the message)", path=o.at("fields"))
+    mtype = o.text("type", required=True)
+    assert mtype is not None
+    return ExpectStep(
+        peer=_peer(o, "peer", PEERS),
+        type=mtype,
+        fields=fields,
+        capture=o.captures(),
+        answer=_answer(o.raw("answer", 200), o.at("answer")),
+        within=o.duration("within", "5s"),
+        advance=o.duration("advance", "0s") if o.has("advance") else None,
+    )
+
+
+def _release(o: _Obj) -> ReleaseStep:
+    answer = _answer(o.raw("answer", 200), o.at("answer"))
+    if answer is None:
+        raise FlowError("a release must answer", path=o.at("answer"))
+    return ReleaseStep(peer=_peer(o, "peer", PEERS), answer=answer)
+
+
+def _expect_mail(o: _Obj) -> ExpectMailStep:
+    headers = o.raw("headers", {})
+    if not isinstance(headers, dict):
+        raise FlowError("must be an object of header: value", path=o.at("headers"))
+    return ExpectMailStep(
+        to=o.text("to"),
+        sender=o.text("from"),
+        headers=headers,
+        absent_headers=o.strs("absent_headers"),
+        body_contains=o.strs("body_contains"),
+        body_lines=o.strs("body_lines"),
+        body_lacks=o.strs("body_lacks"),
+        capture=o.captures(),
+        within=o.duration("within", "5s"),
+        advance=o.duration("advance", "0s") if o.has("advance") else None,
+    )
+
+
+def _read(o: _Obj) -> ReadStep:
+    if o.has("case") == o.has("thread"):
+        raise FlowError("give case (the case) or thread (its thread), exactly one", path=o.path)
+    key = o.text("case") or o.text("thread")
+    assert key is not None
+    thread = o.has("thread")
+    if not thread and (o.has("kinds") or o.has("entries")):
+        raise FlowError("kinds and entries are for a thread", path=o.path)
+    if thread and o.has("match"):
+        raise FlowError("match is for a case; a thread has kinds and entries", path=o.path)
+    entries = o.raw("entries")
+    if entries is not None and not isinstance(entries, list):
+        raise FlowError("must be a list", path=o.at("entries"))
+    return ReadStep(
+        case=key,
+        thread=thread,
+        status=o.integer("status", 200, low=100, high=599),
+        match=o.raw("match"),
+        kinds=o.strs("kinds") if o.has("kinds") else None,
+        entries=tuple(entries) if entries is not None else None,
+        within=o.duration("within", "5s"),
+    )
+
+
+def _relay(o: _Obj) -> RelayStep:
+    refuse = o.text("refuse")
+    down = o.raw("down")
+    if (refuse is None) == (down is None):
+        raise FlowError("give refuse (a reply) or down (true or false), exactly one", path=o.path)
+    if down is not None and not isinstance(down, bool):
+        raise FlowError("must be true or false", path=o.at("down"))
+    if refuse is not None and not re.fullmatch(r"[45]\d\d .*", refuse):
+        raise FlowError(f"{refuse!r} is not a 4xx or 5xx reply", path=o.at("refuse"))
+    at = o.text("at", "DATA")
+    if at not in ("DATA", "RCPT"):
+        raise FlowError(f"{at!r} is not DATA or RCPT", path=o.at("at"))
+    return RelayStep(
+        refuse=refuse,
+        count=o.integer("count", 1, low=1, high=100),
+        at="RCPT" if at == "RCPT" else "DATA",
+        down=down,
+    )
+
+
+def _step(value: Any, path: str, clock: str) -> Step:
+    o = _Obj(value, path)
+    note = o.text("note", "") or ""
+    kinds = [k for k in o.data if k != "note"]
+    if len(kinds) != 1:
+        raise FlowError(
+            "a step has exactly one of mail, post, expect, release, expect_mail, "
+            f"expect_nothing, tick, restart, read, relay (got {sorted(kinds) or 'none'})",
+            path=path,
+        )
+    kind = kinds[0]
+    inner = o.raw(kind)
+    where = o.at(kind)
+    action: Action
+    if kind in ("expect_nothing", "tick"):
+        if not isinstance(inner, str):
+            raise FlowError('must be a duration like "1s"', path=where)
+        try:
+            seconds = parse_duration(inner)
+        except ValueError as exc:
+            raise FlowError(str(exc), path=where) from None
+        if kind == "tick":
+            if clock != "test":
+                raise FlowError('tick needs "clock": "test"', path=where)
+            action = TickStep(seconds)
+        else:
+            action = NothingStep(seconds)
+    else:
+        builders: dict[str, Callable[[_Obj], Action]] = {
+            "mail": _mail,
+            "post": _post,
+            "expect": _expect,
+            "release": _release,
+            "expect_mail": _expect_mail,
+            "read": _read,
+            "relay": _relay,
+            "restart": lambda x: RestartStep(kill=x.flag("kill", False)),
+        }
+        if kind not in builders:
+            raise FlowError(f"unknown step {kind!r}", path=path)
+        sub = _Obj(inner, where)
+        action = builders[kind](sub)
+        sub.done()
+        if getattr(action, "advance", None) is not None and clock != "test":
+            raise FlowError('advance needs "clock": "test"', path=sub.at("advance"))
+    o.done()
+    return Step(kind, action, note)
+
+
+def _config(o: _Obj) -> dict[str, Any]:
+    """``config``: ``server`` and ``types`` patches of the runner's standard configuration."""
+    for key in ("server", "types"):
+        if o.has(key):
+            o.obj(key)  # must be an object
+            o.raw(key)
+    o.done()
+    return dict(o.data)
+
+
+def _references(value: Any) -> Iterator[str]:
+    """Every ``${name}`` inside a JSON value."""
+    if isinstance(value, str):
+        yield from _VAR_REF.findall(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _references(k)
+            yield from _references(v)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _references(v)
+
+
+def _check_variables(steps: Iterable[tuple[Any, Step]]) -> None:
+    defined: set[str] = set(BUILTINS)
+    for i, (raw, step) in enumerate(steps):
+        for name in _references(raw):
+            if name not in defined:
+                raise FlowError(
+                    f"${{{name}}} is used before any step defines it",
+                    path=f"steps[{i}]",
+                )
+        action = step.action
+        if isinstance(action, PostStep | ExpectStep | ExpectMailStep):
+            defined |= set(action.capture)
+        if isinstance(action, MailStep) and action.save_as:
+            defined.add(f"{action.save_as}.message_id")
+
+
+def parse_flow(data: Any, *, path: Path | None = None) -> Flow:
+    """A flow from its decoded JSON; ``path`` (if given) must be ``<name>.json``."""
+    o = _Obj(data, "")
+    name = o.text("name", required=True) or ""
+    if not _NAME.fullmatch(name):
+        raise FlowError(f"{name!r} is not lowercase letters, digits and -", path="name")
+    if path is not None and path.stem != name:
+        raise FlowError(f"{name!r} is not the file's name {path.stem!r}", path="name")
+    role = o.text("role", required=True)
+    if role not in ("master", "slave"):
+        raise FlowError(f"{role!r} is not master or slave", path="role")
+    if path is not None and path.parent.name in ("master", "slave") and path.parent.name != role:
+        raise FlowError(f"a {role} flow in the {path.parent.name}/ folder", path="role")
+    covers = o.strs("covers", nonempty=True)
+    for i, clause in enumerate(covers):
+        if clause not in _CLAUSE_IDS:
+            raise FlowError(
+                f'{clause!r} is not a clause (like "CONTRACT §3.1.2" or "PROFILE §8")',
+                path=f"covers[{i}]",
+            )
+    description = o.text("description", required=True) or ""
+    clock = o.text("clock", "test")
+    if clock not in ("test", "real"):
+        raise FlowError(f"{clock!r} is not test or real", path="clock")
+    config = _config(o.obj("config"))
+    raw_steps = o.raw("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise FlowError("must be a non-empty list of steps", path="steps")
+    steps = [_step(s, f"steps[{i}]", clock) for i, s in enumerate(raw_steps)]
+    _check_variables(zip(raw_steps, steps, strict=True))
+    _check_saved(steps)
+    o.done()
+    return Flow(
+        name=name,
+        role="master" if role == "master" else "slave",
+        covers=covers,
+        description=description,
+        clock="test" if clock == "test" else "real",
+        config=config,
+        steps=tuple(steps),
+        path=path,
+    )
+
+
+def _check_saved(steps: list[Step]) -> None:
+    saved: set[str] = set()
+    for i, step in enumerate(steps):
+        action = step.action
+        if isinstance(action, MailStep):
+            if action.again is not None and action.again not in saved:
+                raise FlowError(
+                    f"no earlier mail step has as: {action.again!r}", path=f"steps[{i}].mail.again"
+                )
+            if action.save_as:
+                saved.add(action.save_as)
+
+
+def load_flow(path: Path) -> Flow:
+    """Read and check one flow file; :class:`FlowError` names the file and the key."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FlowError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    except ValueError as exc:
+        raise FlowError(f"not JSON: {exc}", file=str(path)) from None
+    try:
+        return parse_flow(data, path=path)
+    except FlowError as exc:
+        exc.file = str(path)
+        raise
+
+
+def load_flows(directory: Path, role: str | None = None) -> list[Flow]:
+    """Every flow under ``directory/<role>/`` (both roles when None), sorted by role and name."""
+    roles = [role] if role else ["master", "slave"]
+    flows: list[Flow] = []
+    for r in roles:
+        folder = directory / r
+        if folder.is_dir():
+            flows += [load_flow(p) for p in sorted(folder.glob("*.json"))]
+    return flows
