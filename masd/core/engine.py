@@ -198,6 +198,21 @@ def same_address(a: str, b: str) -> bool:
     return a.strip().lower() == b.strip().lower()
 
 
+def mail_in(mail: ParsedMail, requested_mode: str | None) -> Thread:
+    """The thread entry of an inbound mail (PROFILE §11 ``mail.in``)."""
+    ev = mail.event
+    entry: dict[str, Any] = {
+        "message_ref": ev.message_ref,
+        "from": ev.from_address,
+        "subject": ev.subject,
+        "dmarc": ev.dmarc,
+        "automated": mail.automation.is_automated,
+    }
+    if requested_mode:
+        entry["requested_mode"] = requested_mode
+    return Thread("mail.in", entry)
+
+
 def may_steer(mail: ParsedMail, case: CaseView | None, typ: TypeView) -> bool:
     """PROFILE §3: "Steering a case needs an authenticated, non-automated
     sender. A !MODE request from anyone else, or on an existing case from
@@ -243,16 +258,7 @@ def master_mail(
             participant=ev.from_address,
         )
         effects.append(CreateCase(case))
-    entry: dict[str, Any] = {
-        "message_ref": ev.message_ref,
-        "from": ev.from_address,
-        "subject": ev.subject,
-        "dmarc": ev.dmarc,
-        "automated": mail.automation.is_automated,
-    }
-    if address.mode:
-        entry["requested_mode"] = address.mode
-    effects.append(Thread("mail.in", entry))
+    effects.append(mail_in(mail, address.mode))
 
     notice: str | None = None  # a resume notice to send at once (refused on the spot)
     if address.mode:
@@ -519,17 +525,8 @@ def slave_mail(
 ) -> list[Effect]:
     """A mail on an assigned slave case: recorded, reported, and a ``!MODE`` handled."""
     ev = mail.event
-    entry: dict[str, Any] = {
-        "message_ref": ev.message_ref,
-        "from": ev.from_address,
-        "subject": ev.subject,
-        "dmarc": ev.dmarc,
-        "automated": mail.automation.is_automated,
-    }
-    if address.mode:
-        entry["requested_mode"] = address.mode
     effects: list[Effect] = [
-        Thread("mail.in", entry),
+        mail_in(mail, address.mode),
         SendContract(master.peer, master.url, case_message(case, ev.message_ref, ev.to_json())),
     ]
     if address.mode:
