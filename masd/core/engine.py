@@ -303,8 +303,28 @@ def _master_request(
         ]
         return effects, texts.resume(case.address, mode, "refused", {"reason": reason})
     endpoint = typ.endpoints[mode]
+    details, message = _handoff_request(case, handoff_id, mode, mail, endpoint.fields, ctx)
+    return [
+        OpenHandoff(
+            handoff_id, mode, endpoint.peer, endpoint.url, ctx.now + endpoint.deadline, details
+        ),
+        Status(handoff_id, "requested", None, "email"),
+        SendContract(endpoint.peer, endpoint.url, message, handoff_id),
+    ], None
+
+
+def _handoff_request(
+    case: CaseView,
+    handoff_id: str,
+    mode: str,
+    mail: ParsedMail,
+    fields: tuple[str, ...],
+    ctx: Context,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """CONTRACT §5 handoff.request; PROFILE §5: "details holds subject and each
+    field of the endpoint's fields list found in the mail's text"."""
     details = {"subject": mail.event.subject or ""}
-    details.update(find_fields(mail.event.text or "", endpoint.fields))
+    details.update(find_fields(mail.event.text or "", fields))
     message = envelope(
         "handoff.request",
         ctx.new_id(),
@@ -315,13 +335,7 @@ def _master_request(
         status_url=ctx.status_url,
         participant={"address": case.participant},
     )
-    return [
-        OpenHandoff(
-            handoff_id, mode, endpoint.peer, endpoint.url, ctx.now + endpoint.deadline, details
-        ),
-        Status(handoff_id, "requested", None, "email"),
-        SendContract(endpoint.peer, endpoint.url, message, handoff_id),
-    ], None
+    return details, message
 
 
 def _master_negotiation_reply(case: CaseView, mail: ParsedMail) -> list[Effect]:
@@ -550,7 +564,7 @@ def slave_mail(
 def slave_request(
     case: CaseView,
     mode: str,
-    mail: ParsedMail | None,
+    mail: ParsedMail,
     policy: PolicyView,
     ctx: Context,
     *,
@@ -560,8 +574,8 @@ def slave_request(
 ) -> list[Effect]:
     """``!MODE`` on a slave case, under its policy (CONTRACT §3.2.4, PROFILE §9).
 
-    ``mail`` is the mail that asked (None never happens on the wire; kept
-    for the intake whose mail is already recorded).  "The type's modes list
+    ``mail`` is the mail that asked (for an intake, read again from the
+    store when the case is assigned).  "The type's modes list
     does not apply to slave types: any well-formed !MODE goes to the master
     under the case's policy."
     """
@@ -582,7 +596,7 @@ def slave_request(
         return SendContract(master.peer, master.url, message, handoff_id)
 
     typ = TypeView("slave", frozenset(), {}, False, require_dmarc, "")
-    if mail is not None and not may_steer(mail, case, typ):
+    if not may_steer(mail, case, typ):
         # PROFILE §3's steering rule holds in both roles: recorded and
         # refused with reason blocked; the master learns it was not forwarded.
         return [
@@ -603,19 +617,7 @@ def slave_request(
         # CONTRACT §3.2.4: "With block, a !MODE request is reported as
         # handoff.requested with "forwarded": false, and nothing else happens."
         return [requested(False)]
-    details = {"subject": (mail.event.subject if mail else "") or ""}
-    if mail is not None:
-        details.update(find_fields(mail.event.text or "", transfer.fields))
-    request = envelope(
-        "handoff.request",
-        ctx.new_id(),
-        case.ref,
-        handoff_id=handoff_id,
-        mode=mode,
-        details=details,
-        status_url=ctx.status_url,
-        participant={"address": case.participant},
-    )
+    details, request = _handoff_request(case, handoff_id, mode, mail, transfer.fields, ctx)
     # No deadline: "Timeouts belong to the master" (CONTRACT §3.2.5).
     return [
         OpenHandoff(handoff_id, mode, transfer.peer, transfer.url, None, details, forwarded=True),
