@@ -15,6 +15,7 @@ whose statuses masd relays back to it in order.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import email.policy
@@ -189,7 +190,43 @@ class DemoHandoff:
     seq: int = 0
 
 
-class DemoCallbackEndpoint:
+class _DemoPeer(abc.ABC):
+    """A demo peer: an aiohttp server on 127.0.0.1 (port 0) at ``path``, and a
+    client for what it posts back to masd."""
+
+    path = "/mas"
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runner: web.AppRunner | None = None
+        self._client: aiohttp.ClientSession | None = None
+
+    @abc.abstractmethod
+    async def _handle(self, request: web.Request) -> web.Response:
+        """Answer one POST from masd."""
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post(self.path, self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self._client = aiohttp.ClientSession()
+        return f"http://127.0.0.1:{port}{self.path}"
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+class DemoCallbackEndpoint(_DemoPeer):
     """A callback service speaking the mode contract: it "calls" the participant.
 
     It answers ``handoff.request`` at once, then posts ``handoff.status``
@@ -200,32 +237,10 @@ class DemoCallbackEndpoint:
     """
 
     def __init__(self, token: str, printer: Printer) -> None:
+        super().__init__()
         self.token = token
         self.printer = printer
         self.handoffs: dict[str, DemoHandoff] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._runner: web.AppRunner | None = None
-        self._client: aiohttp.ClientSession | None = None
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_post("/mas", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self._client = aiohttp.ClientSession()
-        return f"http://127.0.0.1:{port}/mas"
-
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._client is not None:
-            await self._client.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     async def _handle(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
@@ -718,7 +733,7 @@ class CrmCase:
     transfer: bool = False
 
 
-class DemoMaster:
+class DemoMaster(_DemoPeer):
     """An outside master (a small CRM) speaking the master side of the contract.
 
     It owns the case ids: each ``case.intake`` is answered with ``case.assign``
@@ -731,7 +746,10 @@ class DemoMaster:
     everything it receives, in the order it arrives.
     """
 
+    path = "/crm"
+
     def __init__(self, token: str, printer: Printer) -> None:
+        super().__init__()
         self.token = token
         self.printer = printer
         self.masd_url = ""
@@ -741,29 +759,6 @@ class DemoMaster:
         self.problems: list[str] = []
         self._seen: set[str] = set()
         self._next_id = 1001
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._runner: web.AppRunner | None = None
-        self._client: aiohttp.ClientSession | None = None
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_post("/crm", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self._client = aiohttp.ClientSession()
-        return f"http://127.0.0.1:{port}/crm"
-
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._client is not None:
-            await self._client.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     @property
     def busy(self) -> bool:
