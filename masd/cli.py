@@ -196,7 +196,7 @@ def case_show(config_file: Path, key: str) -> None:
 @click.option("--limit", default=50, show_default=True, help="How many cases, newest first.")
 @click.option("--domain", default=None, help="Only cases of this domain.")
 def case_list(config_file: Path, limit: int, domain: str | None) -> None:
-    """List the newest cases: key, role, participant, open handoff."""
+    """List the newest cases: key, role, participant, latest handoff (mode:status)."""
     from masd.readside import list_cases
     from masd.store import Store
 
@@ -204,9 +204,10 @@ def case_list(config_file: Path, limit: int, domain: str | None) -> None:
     with Store.open(config.server.database) as store:
         rows = store.read_sync(lambda db: list_cases(db, limit, domain))
     for row in rows:
-        click.echo(
-            "  ".join(str(row.get(k) or "-") for k in ("key", "role", "participant", "handoff"))
-        )
+        handoff = row.get("handoff")
+        latest = f"{handoff['mode']}:{handoff['status']}" if handoff else "-"
+        fields = (row.get("key"), row.get("role"), row.get("participant"), latest)
+        click.echo("  ".join(str(f or "-") for f in fields))
 
 
 @main.group()
