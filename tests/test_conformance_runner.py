@@ -32,6 +32,7 @@ FLOWS = ROOT / "conformance" / "flows"
 SCHEMA = json.loads((FLOWS / "flow.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 MASTER_FILES = sorted((FLOWS / "master").glob("*.json"))
+SLAVE_FILES = sorted((FLOWS / "slave").glob("*.json"))
 
 
 # --------------------------------------------------------------------------- the suite
@@ -62,6 +63,31 @@ def test_at_least_thirty_master_flows() -> None:
     assert len(MASTER_FILES) >= 30
 
 
+@pytest.mark.slow
+def test_slave_suite_passes() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "masd", "conformance", "run", "--role", "slave"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr
+    failed = [line for line in lines if line.startswith("FAIL")]
+    assert not failed, "\n".join(failed)
+    assert lines[-1] == f"{len(SLAVE_FILES)} passed, 0 failed", proc.stdout + proc.stderr
+    assert proc.returncode == 0
+    assert sorted(line.removeprefix("PASS ") for line in lines[:-1]) == sorted(
+        p.stem for p in SLAVE_FILES
+    )
+
+
+def test_at_least_thirty_slave_flows() -> None:
+    assert len(SLAVE_FILES) >= 30
+
+
 # --------------------------------------------------------------------------- flows as data
 
 
@@ -73,6 +99,16 @@ def test_every_flow_loads_and_matches_the_schema(path: Path) -> None:
     flow = load_flow(path)
     assert flow.name == path.stem
     assert flow.role == "master"
+
+
+@pytest.mark.parametrize("path", SLAVE_FILES, ids=lambda p: p.stem)
+def test_every_slave_flow_loads_and_matches_the_schema(path: Path) -> None:
+    data = json.loads(path.read_text())
+    errors = [f"{list(e.path)}: {e.message}" for e in VALIDATOR.iter_errors(data)]
+    assert errors == []
+    flow = load_flow(path)
+    assert flow.name == path.stem
+    assert flow.role == "slave"
 
 
 def test_schema_is_a_valid_draft_2020_12_schema() -> None:
@@ -164,6 +200,18 @@ BAD_FLOWS = [
         "needs",
     ),
     (_with(config={"domains": {}}), "config", "'domains'"),
+    (
+        _with(steps=[{"expect": {"peer": "webhook", "type": "x", "path": "hook/"}}]),
+        "steps[0].expect.path",
+        "must start with /",
+    ),
+    (
+        _with(
+            steps=[{"post": {"peer": "master", "status": 200, "message": {"u": "${peer.x.port}"}}}]
+        ),
+        "steps[0]",
+        "${peer.x.port} is used before",
+    ),
 ]
 
 
@@ -297,6 +345,27 @@ def test_coverage_table_in_readme_is_the_flows_covers() -> None:
     )
 
 
+def test_no_slave_clause_without_a_slave_flow() -> None:
+    assert coverage.gaps(load_flows(FLOWS, "slave"), "slave") == []
+
+
+def test_peer_ports_are_built_in_variables() -> None:
+    flow = parse_flow(
+        _with(
+            steps=[
+                {
+                    "post": {
+                        "peer": "master",
+                        "status": 400,
+                        "message": {"url": "http://127.0.0.1:${peer.webhook.port}/hook/"},
+                    }
+                }
+            ]
+        )
+    )
+    assert flow.steps[0].kind == "post"
+
+
 def test_no_master_clause_without_a_master_flow() -> None:
     assert coverage.gaps(load_flows(FLOWS, "master"), "master") == []
     listed = {c.id for c in CLAUSES}
@@ -370,3 +439,74 @@ def test_runner_usage_errors_exit_2(tmp_path: Path) -> None:
     code, lines, err = _run(tmp_path / "nowhere")
     assert (code, lines) == (2, [])
     assert "no flows" in err
+
+
+def test_runner_checks_the_path_and_knows_peer_ports(tmp_path: Path) -> None:
+    folder = tmp_path / "flows" / "slave"
+    folder.mkdir(parents=True)
+    base = {"role": "slave", "covers": ["CONTRACT §3.2.1"], "description": "One intake."}
+    right = {
+        **base,
+        "name": "right-path",
+        "steps": [
+            {"mail": {"to": "case@help.example"}},
+            {
+                "expect": {
+                    "peer": "master",
+                    "type": "case.intake",
+                    "path": "/mas",
+                    "capture": {"ref": "intake_ref"},
+                }
+            },
+            {
+                "post": {
+                    "peer": "master",
+                    "message": {
+                        "type": "case.assign",
+                        "intake_ref": "${ref}",
+                        "resource_id": "crm-1",
+                        "policy": {
+                            "transfers": {
+                                "webhook": "http://127.0.0.1:${peer.webhook.port}/hook/crm/1"
+                            }
+                        },
+                    },
+                    "status": 200,
+                }
+            },
+        ],
+    }
+    wrong = {
+        **base,
+        "name": "wrong-path",
+        "steps": [
+            {"mail": {"to": "case@help.example"}},
+            {
+                "expect": {
+                    "peer": "master",
+                    "type": "case.intake",
+                    "path": "/elsewhere",
+                    "within": "1s",
+                }
+            },
+        ],
+    }
+    for flow in (right, wrong):
+        (folder / f"{flow['name']}.json").write_text(json.dumps(flow))
+    out, err = io.StringIO(), io.StringIO()
+    code = command(
+        role="slave",
+        names=[],
+        target=None,
+        flows_dir=tmp_path / "flows",
+        keep=None,
+        verbose=False,
+        out=out,
+        err=err,
+    )
+    lines = out.getvalue().splitlines()
+    assert code == 1, err.getvalue()
+    assert lines[0] == "PASS right-path"
+    assert lines[1].startswith("FAIL wrong-path: step 2 (expect): no case.intake to master")
+    assert "path: expected /elsewhere, got /mas" in lines[1]
+    assert lines[2] == "1 passed, 1 failed"

@@ -119,7 +119,7 @@ POSTERS: Final = (*PEERS, "admin", "nobody")
 #: Variables every flow may use.
 BUILTINS: Final = frozenset(
     {"messages_url", "http_url", "domain", "fresh"}
-    | {f"peer.{p}.{what}" for p in PEERS for what in ("url", "token")}
+    | {f"peer.{p}.{what}" for p in PEERS for what in ("url", "token", "port")}
 )
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,79}")
@@ -208,6 +208,7 @@ class ExpectStep:
     answer: Answer | None = Answer(200, {"ok": True})
     within: float = 5.0
     advance: float | None = None  # test clock seconds to add every ADVANCE_EVERY while waiting
+    path: str | None = None  # the request's path at the peer (None: any)
 
 
 @dataclass(frozen=True)
@@ -583,6 +584,9 @@ def _expect(o: _Obj) -> ExpectStep:
         raise FlowError("must be an object (a subset of the message)", path=o.at("fields"))
     mtype = o.text("type", required=True)
     assert mtype is not None
+    path = o.text("path")
+    if path is not None and not path.startswith("/"):
+        raise FlowError("must start with /", path=o.at("path"))
     return ExpectStep(
         peer=_peer(o, "peer", PEERS),
         type=mtype,
@@ -591,6 +595,7 @@ def _expect(o: _Obj) -> ExpectStep:
         answer=_answer(o.raw("answer", 200), o.at("answer")),
         within=o.duration("within", "5s"),
         advance=o.duration("advance", "0s") if o.has("advance") else None,
+        path=path,
     )
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any, Final, TextIO
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -446,6 +446,7 @@ class FlowRun:
                 "domain": DOMAIN,
                 **{f"peer.{p}.url": u for p, u in urls.items()},
                 **{f"peer.{p}.token": self.tokens[p] for p in PEERS},
+                **{f"peer.{p}.port": urlsplit(u).port for p, u in urls.items()},
             }
         )
         self.http = httpx.AsyncClient(base_url=http_url, timeout=10.0, trust_env=False)
@@ -626,10 +627,11 @@ class FlowRun:
 
     async def expect(self, step: ExpectStep) -> None:
         fields = self.vars.fill(dict(step.fields))
+        path = None if step.path is None else str(self.vars.fill(step.path))
         until = time.monotonic() + step.within
         waiting = _Advance(self, step.advance)
         while True:
-            found, closest = self._find(step.peer, step.type, fields)
+            found, closest = self._find(step.peer, step.type, fields, path)
             if found is not None:
                 break
             if time.monotonic() > until:
@@ -643,7 +645,9 @@ class FlowRun:
         else:
             found.reply.set_result((step.answer.status, self.vars.fill(step.answer.body)))
 
-    def _find(self, peer: str, mtype: str, fields: Any) -> tuple[Arrival | None, str | None]:
+    def _find(
+        self, peer: str, mtype: str, fields: Any, path: str | None = None
+    ) -> tuple[Arrival | None, str | None]:
         closest: str | None = None
         for a in self.arrivals:
             body = a.rec.json
@@ -652,6 +656,8 @@ class FlowRun:
             if body.get("type") != mtype:
                 continue
             diff = match(fields, body, "")
+            if diff is None and path is not None and a.rec.path != path:
+                diff = f"path: expected {path}, got {a.rec.path}"
             if diff is None:
                 return a, None
             closest = closest or diff

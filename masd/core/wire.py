@@ -288,7 +288,7 @@ def _policy(raw: Any, where: str) -> PolicyPatch:
             url = "block"
         elif isinstance(transfers, dict) and isinstance(transfers.get("webhook"), str):
             url = transfers["webhook"]
-            if len(url) > MAX_URL or not re.match(r"https?://[^\s]+\Z", url):
+            if len(url) > MAX_URL or not re.match(r"(?i)https?://[^\s]+\Z", url):
                 raise _bad(
                     f"{prefix}transfers.webhook: {json.dumps(url)[:200]} is not an http(s) URL"
                 )
