@@ -21,8 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpx
-
 from masd.clock import Clock
 from masd.config import Config
 from masd.edges.http import HttpEdge, HttpServer, start_http
@@ -77,7 +75,6 @@ class App:
         config: Config,
         *,
         clock: Clock | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         sockets: Mapping[str, socket.socket] | None = None,
     ) -> None:
         """``sockets``: listening sockets by listener name, served instead of
@@ -88,7 +85,6 @@ class App:
         self.clock = clock or Clock()
         self.metrics = Metrics()
         self.rt = Runtime(config, new_id)
-        self._transport = transport
         self.store: Store | None = None
         self.listening: Listening | None = None
         self._stopped = asyncio.Event()
@@ -116,7 +112,6 @@ class App:
             store,
             self.clock,
             self.metrics,
-            transport=self._transport,
             on_commit=self.timer_wake,
         )
         self.timer = DeadlineTimer(self.rt, store, self.clock, self.metrics, self._on_commit)

@@ -298,7 +298,7 @@ def test_unreachable_peer_is_retried(tmp_path: Path) -> None:
         await outbox.stop()
         row = next(r for r in await outbox_rows(env) if r["kind"] == "contract")
         assert row["state"] == "pending"
-        assert row["last_error"].startswith("ConnectError")
+        assert row["last_error"].startswith("connect failed")
 
     run(tmp_path, body)
 
