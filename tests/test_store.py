@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -581,3 +582,29 @@ def test_backup_is_a_readable_copy(store: Store, tmp_path: Path) -> None:
         backup(store.path, tmp_path / "missing" / "x.db")
     with pytest.raises(StoreError, match="no such file"):
         backup(tmp_path / "absent.db", dest)
+
+
+def test_the_writer_leaves_checkpoints_to_the_checkpointer(tmp_path: Path) -> None:
+    """The committing connection never checkpoints; the checkpointer thread does."""
+    import time
+
+    path = tmp_path / "masd.db"
+    with Store.open(path) as store:
+        assert (
+            store.write_sync(lambda db: db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 0
+        )
+        before = path.stat().st_size
+
+        def insert(db: Database, n: int) -> None:
+            db.execute(
+                "INSERT INTO send_log (case_key, recipient, at) VALUES (?, ?, ?)",
+                (f"case-{n}", "x" * 4000, float(n)),
+            )
+
+        for n in range(20):
+            store.write_sync(functools.partial(insert, n=n))
+        # Only a checkpoint moves pages from the WAL into the database file.
+        deadline = time.monotonic() + 10
+        while path.stat().st_size <= before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert path.stat().st_size > before

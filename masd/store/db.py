@@ -33,6 +33,12 @@ idempotency.
 Reads run on a small pool of threads, each with its own connection
 (``query_only``), inside one read transaction per call, so a read sees one
 consistent snapshot and never waits for the writer (WAL).
+
+Checkpoints.  The writer never checkpoints (``wal_autocheckpoint=0``): a
+checkpoint copies the WAL into the database file and syncs it, and done by
+the committing connection it would hold every caller of that batch.  A
+checkpointer thread with its own connection runs a ``PASSIVE`` checkpoint
+every :data:`CHECKPOINT_SECONDS`, beside the writer.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ T = TypeVar("T")
 MAX_BATCH = 256
 READERS = 4
 BUSY_TIMEOUT_MS = 5000
+CHECKPOINT_SECONDS = 1.0
 MIN_SQLITE = (3, 37, 0)  # STRICT tables (3.37), RETURNING (3.35)
 
 _JOB_SAVEPOINT = "masd_job"
@@ -372,7 +379,14 @@ class Store:
         self._in_job = False
         self._stats = StoreStats()
         self._stats_lock = threading.Lock()
+        conn.execute("PRAGMA wal_autocheckpoint=0")
         conn.set_authorizer(self._authorize)
+        self._checkpoint_conn = _connect(path)
+        self._checkpoint_stop = threading.Event()
+        self._checkpointer = threading.Thread(
+            target=self._checkpoints, name="masd-checkpoint", daemon=True
+        )
+        self._checkpointer.start()
         self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="masd-read")
         self._reader_local = threading.local()
         self._reader_conns: list[sqlite3.Connection] = []
@@ -398,10 +412,10 @@ class Store:
                         f"store {p} is at schema version {current}, this masd needs "
                         f"{MIGRATIONS[-1].version}: pending migrations {pending}"
                     )
+            return cls(p, conn)
         except BaseException:
             conn.close()
             raise
-        return cls(p, conn)
 
     @property
     def path(self) -> Path:
@@ -643,6 +657,16 @@ class Store:
 
     # -- closing --------------------------------------------------------------
 
+    def _checkpoints(self) -> None:
+        """Copy the WAL into the database beside the writer (see the module docstring)."""
+        while not self._checkpoint_stop.wait(CHECKPOINT_SECONDS):
+            try:
+                self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error:
+                # Busy or failing now; the WAL keeps everything and the next
+                # round tries again (the last connection to close checkpoints too).
+                continue
+
     def close(self) -> None:
         """Refuse new work, run every job already submitted, then close."""
         if threading.current_thread() is self._thread:
@@ -653,6 +677,9 @@ class Store:
             self._closed = True
             self._queue.put(_STOP)
         self._thread.join()
+        self._checkpoint_stop.set()
+        self._checkpointer.join()
+        self._checkpoint_conn.close()
         self._readers.shutdown(wait=True)
         self._conn.close()
         for conn in self._reader_conns:
