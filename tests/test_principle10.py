@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email
+import email.message
 import email.policy
 
 import pytest
@@ -90,3 +91,47 @@ def test_reply_subject() -> None:
     assert reply_subject("Help") == "Re: Help"
     assert reply_subject("RE: Help") == "RE: Help"
     assert reply_subject(None) == "Re: your message"
+
+
+def _parsed(**fields: object) -> email.message.EmailMessage:
+    base: dict[str, object] = {
+        "sender": "ticket=gs-1@help.example",
+        "to": "alice@example.com",
+        "subject": "Re: help",
+        "body": "hello\n",
+        "message_id": "<abc@help.example>",
+        "in_reply_to": None,
+        "references": [],
+        "auto_submitted": True,
+        "date": 1_790_000_000,
+    }
+    raw = render(OutboundMail(**{**base, **fields}))  # type: ignore[arg-type]
+    assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
+    assert b"\n" not in raw.replace(b"\r\n", b"")  # CRLF only
+    return email.message_from_bytes(raw, policy=email.policy.default)  # type: ignore[return-value]
+
+
+def test_long_and_non_ascii_subjects_fold_and_decode() -> None:
+    subject = "Re: Grüße aus Köln, " + "ein sehr langer Betreff " * 8
+    msg = _parsed(subject=subject)
+    assert msg["Subject"] == subject.strip()
+    long_ascii = "Re: " + "word " * 40
+    assert _parsed(subject=long_ascii)["Subject"] == long_ascii.strip()
+
+
+def test_bodies_are_7bit_or_quoted_printable() -> None:
+    plain = _parsed(body="line one\nline two")
+    assert plain["Content-Transfer-Encoding"] == "7bit"
+    assert plain.get_content().replace("\r\n", "\n") == "line one\nline two\n"
+    long_line = "x" * 2000
+    wide = _parsed(body=long_line)
+    assert wide["Content-Transfer-Encoding"] == "quoted-printable"
+    assert wide.get_content().replace("\r\n", "\n") == long_line + "\n"
+
+
+def test_date_is_rfc5322_with_a_numeric_zone() -> None:
+    assert _parsed()["Date"] == "Mon, 21 Sep 2026 14:13:20 +0000"
+
+
+def test_an_smtputf8_recipient_stays_utf8() -> None:
+    assert _parsed(to="josé@exämple.com")["To"] == "josé@exämple.com"
