@@ -1,0 +1,79 @@
+"""``masd serve`` with proposed changes applied at start, to measure them before they land.
+
+    python -m bench.masd_variant CHANGES -- serve --config FILE
+
+CHANGES is a comma list (``bench.run --masd-variant`` passes it on):
+
+- ``switchinterval=S``: ``sys.setswitchinterval(S)``; the event loop gets the
+  GIL back sooner after each socket call while the store's writer thread runs
+  Python code (the default is 0.005 s);
+- ``quiet-mail-log``: aiosmtpd's ``mail.log`` logger at WARNING (at INFO it
+  writes about eight lines per LMTP transaction);
+
+- ``sqlite-cache=MB``: every store connection gets ``PRAGMA cache_size`` of MB
+  mebibytes and ``PRAGMA mmap_size`` of four times that (SQLite's default
+  cache is 2 MB, so a large store is read back through ``pread`` calls).
+
+This is a measuring device only: masd's own code is unchanged, and the
+benchmark report names the variant it ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+
+def _quiet_mail_log() -> None:
+    import masd.app
+
+    configure = masd.app.configure_logging
+
+    def quiet(level: str = "INFO") -> None:
+        configure(level)
+        logging.getLogger("mail.log").setLevel(logging.WARNING)
+
+    masd.app.configure_logging = quiet
+
+
+def _sqlite_cache(megabytes: int) -> None:
+    from masd.store import db
+
+    connect = db._connect
+
+    def bigger(path: Any, *, query_only: bool = False) -> Any:
+        conn = connect(path, query_only=query_only)
+        conn.execute(f"PRAGMA cache_size=-{megabytes * 1024}")
+        conn.execute(f"PRAGMA mmap_size={megabytes * 4 * 1024 * 1024}")
+        return conn
+
+    db._connect = bigger
+
+
+def apply(changes: str) -> None:
+    for change in filter(None, (c.strip() for c in changes.split(","))):
+        name, _, value = change.partition("=")
+        if name == "switchinterval":
+            sys.setswitchinterval(float(value))
+        elif name == "quiet-mail-log":
+            _quiet_mail_log()
+        elif name == "sqlite-cache":
+            _sqlite_cache(int(value))
+        else:
+            raise SystemExit(f"bench.masd_variant: unknown change {change!r}")
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) < 2 or args[1] != "--":
+        raise SystemExit("usage: python -m bench.masd_variant CHANGES -- serve --config FILE")
+    apply(args[0])
+    from masd.cli import main as masd_main
+
+    sys.argv = ["masd", *args[2:]]
+    masd_main()
+
+
+if __name__ == "__main__":
+    main()
