@@ -49,9 +49,15 @@ def sd_notify(state: str) -> bool:
         return False
     if address.startswith("@"):
         address = "\0" + address[1:]  # abstract namespace
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.connect(address)
-        sock.sendall(state.encode())
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(address)
+            sock.sendall(state.encode())
+    except OSError as exc:
+        # A notification is advice to the service manager: failing to give
+        # it must never stop masd from starting or from stopping cleanly.
+        log.warning("sd_notify %s to %s failed: %s", state, address, exc)
+        return False
     return True
 
 
@@ -226,3 +232,6 @@ def configure_logging(level: str = "INFO") -> None:
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # aiosmtpd logs every LMTP command at INFO (about 8 lines per delivery,
+    # a quarter of intake throughput); masd logs one line per decision.
+    logging.getLogger("mail.log").setLevel(max(logging.WARNING, logging.root.level))

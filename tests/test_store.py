@@ -593,6 +593,8 @@ def test_the_writer_leaves_checkpoints_to_the_checkpointer(tmp_path: Path) -> No
         assert (
             store.write_sync(lambda db: db.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 0
         )
+        limit = store.write_sync(lambda db: db.execute("PRAGMA journal_size_limit").fetchone()[0])
+        assert limit == 64 * 1024 * 1024
         before = path.stat().st_size
 
         def insert(db: Database, n: int) -> None:

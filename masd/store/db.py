@@ -68,6 +68,8 @@ MAX_BATCH = 256
 READERS = 4
 BUSY_TIMEOUT_MS = 5000
 CHECKPOINT_SECONDS = 1.0
+#: A WAL past this size is restarted (and truncated back to it), not only copied.
+WAL_LIMIT_BYTES = 64 * 1024 * 1024
 MIN_SQLITE = (3, 37, 0)  # STRICT tables (3.37), RETURNING (3.35)
 
 _JOB_SAVEPOINT = "masd_job"
@@ -380,6 +382,7 @@ class Store:
         self._stats = StoreStats()
         self._stats_lock = threading.Lock()
         conn.execute("PRAGMA wal_autocheckpoint=0")
+        conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         conn.set_authorizer(self._authorize)
         self._checkpoint_conn = _connect(path)
         self._checkpoint_stop = threading.Event()
@@ -659,10 +662,16 @@ class Store:
 
     def _checkpoints(self) -> None:
         """Copy the WAL into the database beside the writer (see the module docstring)."""
+        wal = Path(f"{self._path}-wal")
         while not self._checkpoint_stop.wait(CHECKPOINT_SECONDS):
             try:
-                self._checkpoint_conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            except sqlite3.Error:
+                # Under steady writes a PASSIVE checkpoint never lets the WAL
+                # start over, so it only grows; past the limit a RESTART
+                # checkpoint (waiting briefly for the writer) resets it.
+                large = wal.exists() and wal.stat().st_size > WAL_LIMIT_BYTES
+                mode = "RESTART" if large else "PASSIVE"
+                self._checkpoint_conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+            except (sqlite3.Error, OSError):
                 # Busy or failing now; the WAL keeps everything and the next
                 # round tries again (the last connection to close checkpoints too).
                 continue
