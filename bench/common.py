@@ -12,8 +12,8 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +115,7 @@ class Server:
     proc: subprocess.Popen[bytes]
     log: Path
     port: int
+    on_stop: list[Callable[[], object]] = field(default_factory=list)
 
     @classmethod
     def spawn(
@@ -174,6 +175,8 @@ class Server:
         # Children that outlived their leader (none expected) go too.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        while self.on_stop:
+            self.on_stop.pop()()
         return self.proc.returncode
 
 

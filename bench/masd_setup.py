@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import socket
 import sqlite3
 import tempfile
@@ -113,28 +114,37 @@ def start(
         argv = [PYTHON, "-m", "bench.masd_variant", variant, "--", *command]
     else:
         argv = [PYTHON, "-m", "masd", *command]
-    with tempfile.TemporaryDirectory(prefix="masd-bn-") as tmp:
-        address = str(Path(tmp) / "notify")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.bind(address)
-            sock.settimeout(0.05)
-            began = time.monotonic()
-            server = Server.spawn(
-                "masd",
-                argv,
-                log,
-                setup.lmtp_port,
-                env={"NOTIFY_SOCKET": address, "PYTHONUNBUFFERED": "1"},
-            )
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    if b"READY=1" in sock.recv(4096).split(b"\n"):
-                        return server, time.monotonic() - began
-                if server.proc.poll() is not None:
-                    raise BenchError(f"masd exited with {server.proc.returncode}:\n{server.tail()}")
-                if time.monotonic() - began > timeout:
-                    server.stop()
-                    raise BenchError(f"masd sent no READY=1 within {timeout:g} s:\n{server.tail()}")
+    # The notify socket lives as long as masd: it says STOPPING=1 there too.
+    tmp = tempfile.mkdtemp(prefix="masd-bn-")
+    address = str(Path(tmp) / "notify")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(address)
+    sock.settimeout(0.05)
+    began = time.monotonic()
+    server = Server.spawn(
+        "masd",
+        argv,
+        log,
+        setup.lmtp_port,
+        env={"NOTIFY_SOCKET": address, "PYTHONUNBUFFERED": "1"},
+    )
+    server.on_stop += [lambda: shutil.rmtree(tmp, ignore_errors=True), sock.close]
+    while True:
+        with contextlib.suppress(TimeoutError):
+            if b"READY=1" in sock.recv(4096).split(b"\n"):
+                return server, time.monotonic() - began
+        if server.proc.poll() is not None:
+            server.stop()
+            raise BenchError(f"masd exited with {server.proc.returncode}:\n{server.tail()}")
+        if time.monotonic() - began > timeout:
+            server.stop()
+            raise BenchError(f"masd sent no READY=1 within {timeout:g} s:\n{server.tail()}")
+
+
+def wal_mb(database: Path) -> float:
+    """Size of the store's write-ahead log now (MB)."""
+    wal = database.with_name(database.name + "-wal")
+    return wal.stat().st_size / 1024 / 1024 if wal.exists() else 0.0
 
 
 @contextlib.contextmanager

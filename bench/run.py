@@ -121,6 +121,7 @@ class Report:
     restart: dict[str, Any] = field(default_factory=dict)
     scale: list[dict[str, Any]] = field(default_factory=list)
     rss: dict[str, float] = field(default_factory=dict)
+    wal: dict[str, float] = field(default_factory=dict)  # masd's WAL file, MB
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -144,6 +145,22 @@ def running(server: Server) -> Iterator[Server]:
         yield server
     finally:
         server.stop()
+
+
+def stop_masd(report: Report, server: Server) -> None:
+    """SIGTERM masd; anything but exit 0 (its store not closed cleanly) goes in the notes."""
+    code = server.stop()
+    if code != 0:
+        tail = " / ".join(server.tail(2).splitlines())
+        report.notes.append(f"masd in {server.log.parent.name} exited {code} on SIGTERM: {tail}")
+
+
+@contextlib.contextmanager
+def running_masd(report: Report, server: Server) -> Iterator[Server]:
+    try:
+        yield server
+    finally:
+        stop_masd(report, server)
 
 
 def sink(workdir: Path, record: bool = False) -> tuple[Server, Path]:
@@ -336,7 +353,7 @@ def masd_target(report: Report, stack: contextlib.ExitStack, callback: bool) -> 
     stack.callback(sink_server.stop)
     setup = masd.write_config(work, sink_port=sink_server.port)
     server, ready = masd.start(setup, work / "masd.log", variant=o.masd_variant)
-    stack.callback(server.stop)
+    stack.callback(stop_masd, report, server)
     report.restart.setdefault("ready_empty_s", ready)
     report.rss.setdefault("empty_store_ready", server.rss() / MB)
 
@@ -402,6 +419,10 @@ def bench_intake(report: Report) -> None:
                     profile=profile,
                 )
                 t.windows.append((sessions, began, time.time()))
+                if t.database is not None:
+                    report.wal[f"{t.name}, after the {sessions}-session point"] = masd.wal_mb(
+                        t.database
+                    )
         for t in targets:
             if t.name.startswith("masd"):
                 report.rss[f"after_{t.name}"] = t.server.rss() / MB
@@ -502,7 +523,7 @@ def bench_status(report: Report) -> None:
         handoffs = work / "handoffs.tsv"
         handoffs.write_text("".join(f"{k}\t{h}\n" for k, h in filled.open_handoffs))
         server, _ready = masd.start(setup, work / "masd.log", variant=o.masd_variant)
-        with running(server):
+        with running_masd(report, server):
             report.rss["open_handoffs_ready"] = server.rss() / MB
             seq0 = 0
             for connections in (1, 16):
@@ -570,7 +591,7 @@ def bench_outbound(report: Report) -> None:
             sink_url=setup.sink_url,
         )
         server, ready = masd.start(setup, work / "masd.log", variant=o.masd_variant)
-        with running(server), Profiler(o.profile, "outbox-drain", server.pid):
+        with running_masd(report, server), Profiler(o.profile, "outbox-drain", server.pid):
             began, cpu = time.monotonic(), server.cpu()
             until = began + o.drain_seconds
             while time.monotonic() < until and sink_count(sink_server) < o.outbox_rows:
@@ -662,7 +683,7 @@ def bench_scale(report: Report) -> None:
                 return f"ticket@{masd.DOMAIN}"
             return f"ticket=gs-{rng.randint(1, size)}@{masd.DOMAIN}"
 
-        with running(server):
+        with running_masd(report, server):
             before = masd.counts(setup.database)["messages"]
             cpu = server.cpu()
             lat = asyncio.run(
@@ -1012,6 +1033,16 @@ def render(r: Report) -> str:
         lines += ["### masd resident memory", ""]
         lines += _table(["when", "RSS MB"], [[names.get(k, k), fmt(v)] for k, v in r.rss.items()])
         lines.append("")
+    if r.wal:
+        lines += [
+            "### masd's write-ahead log",
+            "",
+            "Size of `masd.db-wal` while masd runs (the WAL is reused from its start once a "
+            "checkpoint has copied all of it; it shrinks only when masd closes the store).",
+            "",
+        ]
+        lines += _table(["when", "WAL MB"], [[k, fmt(v)] for k, v in r.wal.items()])
+        lines.append("")
     found = targets(r)
     if found:
         lines += ["### Targets (issue 7)", ""]
@@ -1167,6 +1198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "restart": report.restart,
                 "scale": report.scale,
                 "rss": report.rss,
+                "wal": report.wal,
                 "notes": report.notes,
             },
             indent=1,

@@ -95,6 +95,9 @@ def test_smoke_run_measures_every_part_and_loses_nothing(workdir: Path) -> None:
     assert [s["cases"] for s in results["scale"]] == [200, 2000]
     assert all(s["stored"] == 200 for s in results["scale"])
 
+    # Every masd the run started stopped with exit 0 on SIGTERM (its store closed).
+    assert [n for n in results["notes"] if "on SIGTERM" in n] == []
+
     text = out.read_text()
     assert text.startswith("# kept above\n")
     assert text.endswith("kept below\n")
