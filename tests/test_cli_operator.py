@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 
 from click.testing import CliRunner
+from support.masd_process import write_master_config
 
 from masd.cli import main
 from masd.config import load_config
@@ -13,7 +14,6 @@ from masd.core.address import parse_address
 from masd.core.event import build_event
 from masd.service import Runtime, deliver
 from masd.store import Store
-from tests.support.masd_process import write_master_config
 
 MAIL = (
     b"Authentication-Results: mx.help.example; dmarc=pass header.from=example.com\r\n"

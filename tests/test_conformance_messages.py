@@ -20,15 +20,12 @@
 from __future__ import annotations
 
 import asyncio
-import email.policy
-import email.utils
 import itertools
 import json
 import re
 import secrets
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from email.message import EmailMessage
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,7 +34,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
-from support.masd_process import free_port
+from support.masd_process import free_port, mx_mail
 
 from masd import lmtpclient
 from masd.app import App
@@ -404,37 +401,11 @@ def test_other_refusals_are_not_schema_faults(name: str) -> None:
 # --------------------------------------------------------------------------- one masd for all
 
 
-def build_mail(
-    sender: str,
-    rcpt: str,
-    *,
-    subject: str = "Printer jams",
-    body: str = "Please call me back.\n",
-    dmarc: str | None = "pass",
-    headers: dict[str, str] | None = None,
-    in_reply_to: str | None = None,
-) -> tuple[str, bytes]:
-    """A mail as the MX hands it over: its Authentication-Results (unless ``dmarc`` is None)."""
-    domain = sender.rpartition("@")[2]
-    message_id = f"<{secrets.token_hex(10)}@{domain}>"
-    msg = EmailMessage(policy=email.policy.SMTP)
-    if dmarc is not None:
-        msg["Authentication-Results"] = f"{AUTHSERV_ID}; dmarc={dmarc} header.from={domain}"
-    msg["Received"] = f"from mail.{domain} by {AUTHSERV_ID} with ESMTPS; " + (
-        email.utils.formatdate(usegmt=True)
-    )
-    msg["From"] = sender
-    msg["To"] = rcpt
-    msg["Subject"] = subject
-    msg["Date"] = email.utils.formatdate(usegmt=True)
-    msg["Message-ID"] = message_id
-    if in_reply_to is not None:
-        msg["In-Reply-To"] = in_reply_to
-        msg["References"] = in_reply_to
-    for name, value in (headers or {}).items():
-        msg[name] = value
-    msg.set_content(body)
-    return message_id, msg.as_bytes()
+def build_mail(sender: str, rcpt: str, **kw: Any) -> tuple[str, bytes]:
+    """A mail as the MX hands it over (see ``mx_mail``), with this suite's defaults."""
+    kw.setdefault("subject", "Printer jams")
+    kw.setdefault("body", "Please call me back.\n")
+    return mx_mail(sender, rcpt, **kw)
 
 
 def raw_body(recipe: Any) -> bytes:

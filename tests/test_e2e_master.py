@@ -20,13 +20,12 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
-from support.masd_process import AUTHSERV_ID, MasdProcess, MasterSetup, write_master_config
+from support.masd_process import MasdProcess, MasterSetup, mx_mail, write_master_config
 
 from masd import lmtpclient
 from masd.testing.peers import FakePeer, ReceivedMail, Recorded, SmtpSink
@@ -40,38 +39,7 @@ BOB = "bob@example.net"
 # --------------------------------------------------------------------------- mail
 
 
-def make_mail(
-    sender: str,
-    to: str,
-    *,
-    subject: str = "Help, please",
-    body: str = "Hello.\n",
-    dmarc: str | None = "pass",
-    authserv_id: str = AUTHSERV_ID,
-    headers: dict[str, str] | None = None,
-    in_reply_to: str | None = None,
-) -> tuple[str, bytes]:
-    """A mail as our MX hands it over: A-R (when ``dmarc``) and Received by our MX on top."""
-    domain = sender.rsplit("@", 1)[1]
-    message_id = f"<{secrets.token_hex(8)}@{domain}>"
-    msg = EmailMessage(policy=email.policy.SMTP)
-    if dmarc is not None:
-        msg["Authentication-Results"] = f"{authserv_id}; dmarc={dmarc} header.from={domain}"
-    msg["Received"] = f"from mail.{domain} by {AUTHSERV_ID} with ESMTPS; " + (
-        email.utils.formatdate(usegmt=True)
-    )
-    msg["From"] = sender
-    msg["To"] = to
-    msg["Subject"] = subject
-    msg["Date"] = email.utils.formatdate(usegmt=True)
-    msg["Message-ID"] = message_id
-    if in_reply_to is not None:
-        msg["In-Reply-To"] = in_reply_to
-        msg["References"] = in_reply_to
-    for name, value in (headers or {}).items():
-        msg[name] = value
-    msg.set_content(body)
-    return message_id, msg.as_bytes()
+make_mail = mx_mail
 
 
 def case_address(n: int) -> str:

@@ -21,14 +21,13 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 import jsonschema
-from support.masd_process import AUTHSERV_ID, ROOT, MasdProcess
+from support.masd_process import ROOT, MasdProcess, mx_mail
 from support.slave import OTHER_DOMAIN, SlaveSetup, write_slave_config
 
 from masd import lmtpclient
@@ -56,37 +55,7 @@ def ref(resource_id: str, domain: str = "help.example") -> dict[str, str]:
 # --------------------------------------------------------------------------- mail
 
 
-def make_mail(
-    sender: str,
-    to: str,
-    *,
-    subject: str = "Help, please",
-    body: str = "Hello.\n",
-    dmarc: str | None = "pass",
-    headers: dict[str, str] | None = None,
-    in_reply_to: str | None = None,
-) -> tuple[str, bytes]:
-    """A mail as our MX hands it over: its A-R (when ``dmarc``) and Received on top."""
-    domain = sender.rsplit("@", 1)[1]
-    message_id = f"<{secrets.token_hex(8)}@{domain}>"
-    msg = EmailMessage(policy=email.policy.SMTP)
-    if dmarc is not None:
-        msg["Authentication-Results"] = f"{AUTHSERV_ID}; dmarc={dmarc} header.from={domain}"
-    msg["Received"] = f"from mail.{domain} by {AUTHSERV_ID} with ESMTPS; " + (
-        email.utils.formatdate(usegmt=True)
-    )
-    msg["From"] = sender
-    msg["To"] = to
-    msg["Subject"] = subject
-    msg["Date"] = email.utils.formatdate(usegmt=True)
-    msg["Message-ID"] = message_id
-    if in_reply_to is not None:
-        msg["In-Reply-To"] = in_reply_to
-        msg["References"] = in_reply_to
-    for name, value in (headers or {}).items():
-        msg[name] = value
-    msg.set_content(body)
-    return message_id, msg.as_bytes()
+make_mail = mx_mail
 
 
 def text_of(mail: ReceivedMail) -> str:

@@ -126,7 +126,7 @@ _DOMAIN_CHARS = '(letters, digits, "-", ".")'
 
 
 def _show(ch: str) -> str:
-    """A character as a detail shows it: quoted when printable, U+XXXX otherwise."""
+    """A character as a detail shows it: quoted when printable, as a U+ code point otherwise."""
     if ch.isprintable() and not ch.isspace():
         return f'"{ch}"'
     return f"U+{ord(ch):04X}"

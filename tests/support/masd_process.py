@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.policy
+import email.utils
 import os
 import secrets
 import shutil
@@ -26,12 +28,52 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from email.message import EmailMessage
 from pathlib import Path
 from types import TracebackType
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "help.example"
 AUTHSERV_ID = "mx.help.example"
+
+
+def mx_mail(
+    sender: str,
+    to: str,
+    *,
+    subject: str = "Help, please",
+    body: str = "Hello.\n",
+    dmarc: str | None = "pass",
+    authserv_id: str = AUTHSERV_ID,
+    headers: dict[str, str] | None = None,
+    in_reply_to: str | None = None,
+) -> tuple[str, bytes]:
+    """A mail as our MX hands it over: A-R (when ``dmarc``) and Received by our MX on top.
+
+    Returns its Message-ID and its bytes.
+    """
+    domain = sender.rsplit("@", 1)[1]
+    message_id = f"<{secrets.token_hex(8)}@{domain}>"
+    msg = EmailMessage(policy=email.policy.SMTP)
+    if dmarc is not None:
+        msg["Authentication-Results"] = f"{authserv_id}; dmarc={dmarc} header.from={domain}"
+    msg["Received"] = f"from mail.{domain} by {AUTHSERV_ID} with ESMTPS; " + (
+        email.utils.formatdate(usegmt=True)
+    )
+    msg["From"] = sender
+    msg["To"] = to
+    msg["Subject"] = subject
+    msg["Date"] = email.utils.formatdate(usegmt=True)
+    msg["Message-ID"] = message_id
+    if in_reply_to is not None:
+        msg["In-Reply-To"] = in_reply_to
+        msg["References"] = in_reply_to
+    for name, value in (headers or {}).items():
+        msg[name] = value
+    msg.set_content(body)
+    return message_id, msg.as_bytes()
+
+
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 20.0
 
