@@ -25,12 +25,17 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from support.masd_process import MasdProcess, MasterSetup, mx_mail, write_master_config
+from support.masd_process import (
+    WAIT,
+    MasdProcess,
+    MasterSetup,
+    mx_mail,
+    wait_until,
+    write_master_config,
+)
 
 from masd import lmtpclient
 from masd.testing.peers import FakePeer, ReceivedMail, Recorded, SmtpSink
-
-WAIT = 15.0  # the bound of every wait for something masd does on its own
 
 ANN = "ann@example.org"
 BOB = "bob@example.net"
@@ -161,15 +166,6 @@ async def running(
             if masd.running:
                 code = await masd.terminate()
                 assert code == 0, masd.log()
-
-
-async def wait_until(test: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    until = loop.time() + WAIT
-    while not test():
-        if loop.time() > until:
-            raise AssertionError(f"{what}: not within {WAIT:g} s")
-        await asyncio.sleep(0.05)
 
 
 def text_of(mail: ReceivedMail) -> str:

@@ -18,7 +18,7 @@ import email.policy
 import email.utils
 import json
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +27,11 @@ from urllib.parse import quote
 
 import httpx
 import jsonschema
-from support.masd_process import ROOT, MasdProcess, mx_mail
+from support.masd_process import ROOT, WAIT, MasdProcess, mx_mail, wait_until
 from support.slave import OTHER_DOMAIN, SlaveSetup, write_slave_config
 
 from masd import lmtpclient
 from masd.testing.peers import FakePeer, ReceivedMail, Recorded, SmtpSink
-
-WAIT = 15.0  # the bound of every wait for something masd does on its own
 
 ANN = "ann@example.org"
 BOB = "bob@example.net"
@@ -236,15 +234,6 @@ async def running(
             if masd.running:
                 code = await masd.terminate()
                 assert code == 0, masd.log()
-
-
-async def wait_until(test: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    until = loop.time() + WAIT
-    while not test():
-        if loop.time() > until:
-            raise AssertionError(f"{what}: not within {WAIT:g} s")
-        await asyncio.sleep(0.05)
 
 
 def refusal(response: httpx.Response) -> tuple[int, str]:

@@ -26,7 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
 from pathlib import Path
@@ -35,6 +35,17 @@ from types import TracebackType
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "help.example"
 AUTHSERV_ID = "mx.help.example"
+WAIT = 15.0  # the bound of every wait for something masd does on its own
+
+
+async def wait_until(test: Callable[[], bool], what: str) -> None:
+    """Poll ``test`` until it holds, at most :data:`WAIT` seconds."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + WAIT
+    while not test():
+        if loop.time() > until:
+            raise AssertionError(f"{what}: not within {WAIT:g} s")
+        await asyncio.sleep(0.05)
 
 
 def mx_mail(
@@ -111,6 +122,24 @@ class MasterSetup:
         return f"{self.http_url}/mas/v0.1/messages"
 
 
+def server_section(smtp_port: int, retry_for: str) -> tuple[str, int, int]:
+    """The ``[server]`` table of a test config on free loopback ports, and the ports."""
+    lmtp_port, http_port = free_port(), free_port()
+    while http_port == lmtp_port:
+        http_port = free_port()
+    text = f"""\
+[server]
+lmtp = "127.0.0.1:{lmtp_port}"
+http = "127.0.0.1:{http_port}"
+database = "masd.db"
+smtp_relay = "127.0.0.1:{smtp_port}"
+trusted_authserv_ids = ["{AUTHSERV_ID}"]
+admin_token_file = "secrets/admin.token"
+retry_for = "{retry_for}"
+"""
+    return text, lmtp_port, http_port
+
+
 def write_master_config(
     directory: Path,
     *,
@@ -131,25 +160,17 @@ def write_master_config(
     endpoint_token = "callback-" + secrets.token_hex(16)
     write_secret(directory / "secrets" / "admin.token", admin_token)
     write_secret(directory / "secrets" / "callback.token", endpoint_token)
-    lmtp_port, http_port = free_port(), free_port()
-    while http_port == lmtp_port:
-        http_port = free_port()
+    server, lmtp_port, http_port = server_section(smtp_port, retry_for)
     mode_list = ", ".join(f'"{m}"' for m in modes)
     field_list = ", ".join(f'"{f}"' for f in fields)
-    text = f"""\
-[server]
-lmtp = "127.0.0.1:{lmtp_port}"
-http = "127.0.0.1:{http_port}"
-database = "masd.db"
-smtp_relay = "127.0.0.1:{smtp_port}"
-trusted_authserv_ids = ["{AUTHSERV_ID}"]
-admin_token_file = "secrets/admin.token"
-retry_for = "{retry_for}"
-
+    text = (
+        server
+        + f"""
 [domains."{DOMAIN}".types.ticket]
 role = "master"
 modes = [{mode_list}]
 """
+    )
     if "callback" in modes:
         text += f"""
 [domains."{DOMAIN}".types.ticket.endpoints.callback]

@@ -18,7 +18,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.masd_process import AUTHSERV_ID, DOMAIN, free_port, write_secret
+from support.masd_process import DOMAIN, server_section, write_secret
 
 OTHER_DOMAIN = "other.example"
 
@@ -78,20 +78,11 @@ def write_slave_config(
     }
     for name, value in tokens.items():
         write_secret(directory / "secrets" / f"{name}.token", value)
-    lmtp_port, http_port = free_port(), free_port()
-    while http_port == lmtp_port:
-        http_port = free_port()
+    server, lmtp_port, http_port = server_section(smtp_port, retry_for)
     dmarc = "true" if require_dmarc_for_handoff else "false"
-    text = f"""\
-[server]
-lmtp = "127.0.0.1:{lmtp_port}"
-http = "127.0.0.1:{http_port}"
-database = "masd.db"
-smtp_relay = "127.0.0.1:{smtp_port}"
-trusted_authserv_ids = ["{AUTHSERV_ID}"]
-admin_token_file = "secrets/admin.token"
-retry_for = "{retry_for}"
-
+    text = (
+        server
+        + f"""
 [domains."{DOMAIN}".types.case]
 role = "slave"
 master = {{ url = "{master_url}", token_file = "secrets/crm.token" }}
@@ -112,6 +103,7 @@ master = {{ url = "{other_master_url}", token_file = "secrets/other.token" }}
 role = "slave"
 master = {{ url = "{other_master_url}", token_file = "secrets/other.token" }}
 """
+    )
     config = directory / "masd.toml"
     config.write_text(text)
     return SlaveSetup(
