@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from masd.clock import Clock
 from masd.config import Config, TcpListen, UnixListen, load_config
-from masd.edges.lmtp import LmtpHandler, LmtpListenError, start_lmtp
+from masd.edges.lmtp import LmtpHandler, LmtpListenError, new_message_ref, start_lmtp
 from masd.lmtpclient import LmtpConnection, LmtpError, LmtpResult, deliver, encode_data
 from masd.metrics import Metrics
 from masd.service import Runtime
@@ -608,3 +608,13 @@ def test_client_reports_connect_failure() -> None:
         assert caught.value.code == "lmtp-connect"
 
     asyncio.run(main())
+
+
+def test_message_refs_sort_by_time_and_stay_unique() -> None:
+    start = 1_795_000_000.0
+    refs = [new_message_ref(start + i * 0.001) for i in range(2000)]
+    assert refs == sorted(refs)
+    same_moment = {new_message_ref(start) for _ in range(10_000)}
+    assert len(same_moment) == 10_000
+    assert all(len(r) == 4 + 32 and r.startswith("msg-") for r in refs)
+    int(refs[0][4:], 16)  # hex
