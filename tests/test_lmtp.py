@@ -618,3 +618,35 @@ def test_message_refs_sort_by_time_and_stay_unique() -> None:
     assert len(same_moment) == 10_000
     assert all(len(r) == 4 + 32 and r.startswith("msg-") for r in refs)
     int(refs[0][4:], 16)  # hex
+
+
+def test_data_sent_in_small_pieces_is_stored_as_sent(tmp_path: Path) -> None:
+    # Dot-stuffed lines, a line that is a lone dot, and the end-of-data line
+    # split over many writes: the stored message is the one before stuffing.
+    message = mail(body=".hidden\r\n.\r\n..two\r\nlast line.\r\n")
+
+    async def body(rig: Rig) -> None:
+        assert isinstance(rig.target, tuple)
+        reader, writer = await asyncio.open_connection(*rig.target)
+        try:
+            await reader.readline()
+            writer.write(
+                b"LHLO mx\r\nMAIL FROM:<a@example.org>\r\nRCPT TO:<ticket@help.example>\r\n"
+            )
+            writer.write(b"DATA\r\n")
+            replies = [await reader.readline() for _ in range(9)]
+            assert replies[-1].startswith(b"354"), replies
+            wire = encode_data(message) + b"NOOP\r\n"
+            for i in range(0, len(wire), 7):
+                writer.write(wire[i : i + 7])
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            recorded = await reader.readline()
+            assert recorded.startswith(b"250 2.0.0 msg-"), recorded
+            assert (await reader.readline()).startswith(b"250")  # the NOOP after the data
+        finally:
+            writer.close()
+            await writer.wait_closed()
+        assert await rig.rows("SELECT raw FROM messages") == [(message,)]
+
+    run(tmp_path, body)
