@@ -189,11 +189,14 @@ class Config:
 
     def type_for(self, domain: str, type: str) -> TypeConfig | None:
         """The configured type ``type`` of ``domain`` (both case-insensitive), or None."""
-        try:
-            name = normalize_domain(domain)
-        except ValueError:
-            return None
-        found = self.domains.get(name)
+        # The keys are already normalized (and normalizing is idempotent), so a
+        # domain spelled as a key is that key; only other spellings need IDNA.
+        found = self.domains.get(domain)
+        if found is None:
+            try:
+                found = self.domains.get(normalize_domain(domain))
+            except ValueError:
+                return None
         return None if found is None else found.types.get(type.lower())
 
 

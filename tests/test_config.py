@@ -314,6 +314,18 @@ def test_idna_domains_become_a_labels(secrets_dir: Path) -> None:
     assert endpoint.domain == "xn--bcher-kva.example"
 
 
+def test_type_for_finds_one_type_under_every_spelling(secrets_dir: Path) -> None:
+    data = base()
+    data["domains"] = {"Bücher.Example": data["domains"]["help.example"]}
+    config = parse_config(data, base_dir=secrets_dir)
+    ticket = config.domains["xn--bcher-kva.example"].types["ticket"]
+    for domain in ("xn--bcher-kva.example", "XN--Bcher-KVA.example", "BÜCHER.example"):
+        for type_ in ("ticket", "Ticket"):
+            assert config.type_for(domain, type_) is ticket
+    for domain in ("xn--bcher-kva.example.", " xn--bcher-kva.example", "", "xn--zz.example"):
+        assert config.type_for(domain, "ticket") is None
+
+
 def test_type_and_mode_names_are_lowercased(secrets_dir: Path) -> None:
     data = base()
     types = data["domains"]["help.example"]["types"]

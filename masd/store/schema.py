@@ -199,9 +199,14 @@ CREATE INDEX send_log_recipient ON send_log (recipient, at);
 MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", _INITIAL),)
 
 
+#: One encoder for every call (``json.dumps`` with options builds a new one each
+#: time); it keeps no state between calls, so threads may share it.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
 def dumps(value: object) -> str:
     """The one JSON encoding of the JSON columns: compact, UTF-8, keys sorted."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return _ENCODER.encode(value)
 
 
 def next_number(db: Database, domain: str, type_: str) -> int:
