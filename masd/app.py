@@ -30,7 +30,7 @@ from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
 from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
 from masd.metrics import Metrics
-from masd.service import Runtime, purge
+from masd.service import CommitListener, Runtime, Wakes, purge
 from masd.store import Store
 
 log = logging.getLogger("masd.app")
@@ -66,6 +66,26 @@ def new_id() -> str:
     return secrets.token_hex(16)
 
 
+class Wakeup(CommitListener):
+    """Wakes the outbox and the deadline timer for what a commit gave them to do.
+
+    The edges tell it each committed job's :class:`~masd.service.Wakes`: the
+    outbox is woken only when rows were queued, the timer only for a deadline
+    sooner than the one it sleeps until.  Called with no argument (the test
+    clock moved), it wakes both.
+    """
+
+    def __init__(self) -> None:
+        self.outbox: Outbox | None = None
+        self.timer: DeadlineTimer | None = None
+
+    def committed(self, wakes: Wakes) -> None:
+        if wakes.outbox and self.outbox is not None:
+            self.outbox.wake()
+        if wakes.deadline is not None and self.timer is not None:
+            self.timer.wake_for(wakes.deadline)
+
+
 @dataclass
 class Listening:
     lmtp: asyncio.AbstractServer
@@ -94,13 +114,7 @@ class App:
         self.store: Store | None = None
         self.listening: Listening | None = None
         self._stopped = asyncio.Event()
-
-    def _on_commit(self) -> None:
-        self.outbox.wake()
-        self.timer.wake()
-
-    def timer_wake(self) -> None:
-        self.timer.wake()
+        self.wakeup = Wakeup()
 
     async def start(self) -> Listening:
         inherited = dict(self._sockets) if self._sockets is not None else inherited_sockets()
@@ -113,18 +127,13 @@ class App:
             )
         self.store = await asyncio.to_thread(Store.open, self.config.server.database)
         store = self.store
-        self.outbox = Outbox(
-            self.rt,
-            store,
-            self.clock,
-            self.metrics,
-            on_commit=self.timer_wake,
-        )
-        self.timer = DeadlineTimer(self.rt, store, self.clock, self.metrics, self._on_commit)
+        self.outbox = Outbox(self.rt, store, self.clock, self.metrics, on_commit=self.wakeup)
+        self.timer = DeadlineTimer(self.rt, store, self.clock, self.metrics, self.wakeup)
+        self.wakeup.outbox, self.wakeup.timer = self.outbox, self.timer
         self.outbox.start()
         self.timer.start()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
-        self.lmtp_handler = LmtpHandler(self.rt, store, self.clock, self.metrics, self._on_commit)
+        self.lmtp_handler = LmtpHandler(self.rt, store, self.clock, self.metrics, self.wakeup)
         server = self.config.server
         lmtp = await start_lmtp(
             server.lmtp,
@@ -133,7 +142,7 @@ class App:
             max_message_bytes=server.max_message_bytes,
             sock=inherited.get("lmtp"),
         )
-        self.http_edge = HttpEdge(self.rt, store, self.clock, self.metrics, self._on_commit)
+        self.http_edge = HttpEdge(self.rt, store, self.clock, self.metrics, self.wakeup)
         try:
             http = await start_http(server.http, self.http_edge, sock=inherited.get("http"))
         except BaseException:

@@ -15,6 +15,8 @@ _HELP = {
     "masd_deadlines_fired_total": "Handoff deadlines reached (timed-out recorded).",
     "masd_policy_requests_total": "Postfix policy delegation requests, by outcome.",
     "masd_http_requests_total": "Contract messages received over HTTP, by HTTP status.",
+    "masd_outbox_wakes_total": "Times a commit that queued outbox rows woke the sender.",
+    "masd_timer_wakes_total": "Times the deadline timer was woken to look again.",
 }
 
 

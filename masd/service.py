@@ -15,9 +15,11 @@ import hashlib
 import json
 import logging
 import random
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from sqlite_utils import Database
 
@@ -53,7 +55,7 @@ from masd.core.engine import (
     status_from_mode,
 )
 from masd.core.errors import MasdError, TransitionError, WireError
-from masd.core.event import ParsedMail, build_event
+from masd.core.event import GatewayEvent, ParsedMail, build_event
 from masd.core.principle10 import CAP_WINDOW_SECONDS, Caps, Counts, Recipient, decide_send
 from masd.core.status import MACHINE
 from masd.core.trust import TrustSettings
@@ -77,6 +79,8 @@ log = logging.getLogger("masd")
 DEDUPE_WINDOW = 7 * 24 * 3600
 #: PROFILE §6: "ids are kept at least 7 days".
 IDEMPOTENCY_WINDOW = 7 * 24 * 3600
+#: Cached TypeViews per Runtime, at most (see :meth:`Runtime.type_view`).
+MAX_TYPE_VIEWS = 1024
 
 
 class UnknownCase(MasdError):
@@ -93,10 +97,14 @@ class Runtime:
     new_id: Callable[[], str]
     directory: Directory = field(init=False)
     status_url: str = field(init=False)
+    #: TypeViews already built, per (domain, type) as asked; the config never
+    #: changes under a Runtime.
+    _views: dict[tuple[str, str], TypeView] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.directory = Directory(peers_of(self.config))
         self.status_url = self.config.server.public_url.rstrip("/") + "/mas/v0.1/messages"
+        self._views = {}
 
     def context(self, now: float) -> Context:
         return Context(now=now, new_id=self.new_id, status_url=self.status_url)
@@ -108,19 +116,27 @@ class Runtime:
         return typ
 
     def type_view(self, domain: str, type_: str) -> TypeView:
+        view = self._views.get((domain, type_))
+        if view is not None:
+            return view
         typ = self.type_config(domain, type_)
         endpoints = {
             mode: EndpointView(mode_peer_id(domain, type_, mode), ep.url, ep.deadline, ep.fields)
             for mode, ep in typ.endpoints.items()
         }
-        return TypeView(
+        view = TypeView(
             role="master" if typ.role == "master" else "slave",
             modes=frozenset(typ.modes),
-            endpoints=endpoints,
+            endpoints=MappingProxyType(endpoints),
             acknowledge=typ.acknowledge,
             require_dmarc_for_handoff=typ.require_dmarc_for_handoff,
             id_prefix=typ.id_prefix,
         )
+        # Only configured types get here; the bound keeps odd spellings of
+        # their names (the domain and type as asked) from piling up.
+        if len(self._views) < MAX_TYPE_VIEWS:
+            self._views[(domain, type_)] = view
+        return view
 
     def trust(self) -> TrustSettings:
         server = self.config.server
@@ -163,16 +179,29 @@ def _row(db: Database, sql: str, params: Sequence[Any]) -> dict[str, Any] | None
     return dict(zip([c[0] for c in cur.description], row, strict=True))
 
 
-def _handoff(rt: Runtime, db: Database, row: Mapping[str, Any]) -> HandoffView:
+# Both queries read a handoff row as :func:`_handoff` wants it, with the data
+# of its last status when it is negotiating (its ``needs``), in one statement.
+_LOAD_CASE = (
+    "SELECT c.key, c.address, c.domain, c.type, c.id, c.role, c.participant, "
+    "h.handoff_id, h.case_key, h.mode, h.peer, h.status, h.last_seq, h.forwarded, "
+    "h.webhook_url, CASE WHEN h.status = 'negotiating' THEN (SELECT s.data FROM statuses s "
+    "WHERE s.handoff_id = h.handoff_id ORDER BY s.n DESC LIMIT 1) END AS last_data "
+    "FROM cases c LEFT JOIN handoffs h ON h.handoff_id = (SELECT handoff_id FROM handoffs "
+    "WHERE case_key = c.key AND closed_at IS NULL ORDER BY requested_at DESC LIMIT 1) "
+    "WHERE c.key = ?"
+)
+_LOAD_HANDOFF = (
+    "SELECT h.handoff_id, h.case_key, h.mode, h.peer, h.status, h.last_seq, h.forwarded, "
+    "h.webhook_url, CASE WHEN h.status = 'negotiating' THEN (SELECT s.data FROM statuses s "
+    "WHERE s.handoff_id = h.handoff_id ORDER BY s.n DESC LIMIT 1) END AS last_data "
+    "FROM handoffs h WHERE h.handoff_id = ?"
+)
+
+
+def _handoff(rt: Runtime, row: Mapping[str, Any]) -> HandoffView:
     needs: tuple[str, ...] = ()
-    if row["status"] == "negotiating":
-        last = _row(
-            db,
-            "SELECT data FROM statuses WHERE handoff_id = ? ORDER BY n DESC LIMIT 1",
-            (row["handoff_id"],),
-        )
-        if last:
-            needs = tuple(json.loads(last["data"]).get("needs") or ())
+    if row["last_data"]:
+        needs = tuple(json.loads(row["last_data"]).get("needs") or ())
     return HandoffView(
         handoff_id=row["handoff_id"],
         case_key=row["case_key"],
@@ -187,15 +216,10 @@ def _handoff(rt: Runtime, db: Database, row: Mapping[str, Any]) -> HandoffView:
 
 
 def load_case(rt: Runtime, db: Database, key: str) -> CaseView | None:
-    row = _row(db, "SELECT * FROM cases WHERE key = ?", (key,))
+    """The case and its open handoff (the latest requested), in one statement."""
+    row = _row(db, _LOAD_CASE, (key,))
     if row is None:
         return None
-    h = _row(
-        db,
-        "SELECT * FROM handoffs WHERE case_key = ? AND closed_at IS NULL "
-        "ORDER BY requested_at DESC LIMIT 1",
-        (key,),
-    )
     return CaseView(
         key=row["key"],
         address=row["address"],
@@ -204,17 +228,122 @@ def load_case(rt: Runtime, db: Database, key: str) -> CaseView | None:
         id=row["id"],
         role=row["role"],
         participant=row["participant"] or "",
-        open_handoff=_handoff(rt, db, h) if h else None,
+        open_handoff=_handoff(rt, row) if row["handoff_id"] is not None else None,
     )
 
 
 def load_handoff(rt: Runtime, db: Database, handoff_id: str) -> HandoffView | None:
-    row = _row(db, "SELECT * FROM handoffs WHERE handoff_id = ?", (handoff_id,))
-    return _handoff(rt, db, row) if row else None
+    row = _row(db, _LOAD_HANDOFF, (handoff_id,))
+    return _handoff(rt, row) if row else None
 
 
 def case_exists(db: Database, key: str) -> bool:
     return _row(db, "SELECT 1 AS x FROM cases WHERE key = ?", (key,)) is not None
+
+
+# --------------------------------------------------------------------------- what a job woke
+
+
+@dataclass(frozen=True)
+class Wakes:
+    """What a committed store job gave the outbox sender and the deadline timer to do.
+
+    ``outbox``: the job queued at least one outbox row.  ``deadline``: the
+    earliest ``handoffs.deadline_at`` it wrote, if any.  The app wakes the
+    outbox only for the first and the timer only for a deadline sooner than
+    the one it sleeps until, so a plain intake mail or a ``negotiating``
+    status costs neither a read.
+
+    How it stays exact under group commit: the writes themselves note what
+    they wrote (:func:`_queue_outbox` each row, :func:`apply` each deadline)
+    on the writer thread, and the job's top-level function (:func:`deliver`,
+    :func:`receive`, :func:`fire_deadline`, :func:`outbox_failed`) takes the
+    notes before it returns, so they travel in the job's own result and reach
+    the edge only once that job has committed.  Nothing is read after a
+    commit from state another job may have changed meanwhile.  Notes left by
+    a job that failed (rolled back) are taken by the next job on the thread:
+    a spurious wake, which costs a read; a wake is never lost.
+    """
+
+    outbox: bool = False
+    deadline: float | None = None
+
+    def __or__(self, other: Wakes) -> Wakes:
+        deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
+        return Wakes(self.outbox or other.outbox, min(deadlines) if deadlines else None)
+
+    @staticmethod
+    def union(wakes: Iterable[Wakes]) -> Wakes:
+        out = NO_WAKES
+        for w in wakes:
+            out = out | w
+        return out
+
+
+NO_WAKES: Final = Wakes()
+#: A commit whose effect nobody described (and the test clock): wake both.
+ALL_WAKES: Final = Wakes(outbox=True, deadline=float("-inf"))
+
+
+class _JobNotes(threading.local):
+    """What the store job running on this thread has written so far (see :class:`Wakes`)."""
+
+    def __init__(self) -> None:
+        self.queued = False
+        self.deadline: float | None = None
+        self.statuses: list[Status] = []
+
+
+_notes = _JobNotes()
+
+
+def _note_queued() -> None:
+    _notes.queued = True
+
+
+def _note_deadline(at: float) -> None:
+    if _notes.deadline is None or at < _notes.deadline:
+        _notes.deadline = at
+
+
+def _take_notes() -> tuple[Wakes, tuple[Status, ...]]:
+    """The notes of the running job (and of any failed one before it), emptied."""
+    notes = _notes
+    queued, deadline = notes.queued, notes.deadline
+    wakes = Wakes(queued, deadline) if queued or deadline is not None else NO_WAKES
+    statuses = tuple(notes.statuses)
+    notes.queued, notes.deadline, notes.statuses = False, None, []
+    return wakes, statuses
+
+
+def _take_wakes() -> Wakes:
+    """What the running job queued and which deadlines it wrote (see :class:`Wakes`)."""
+    return _take_notes()[0]
+
+
+class CommitListener:
+    """Told, on the event loop, what each committed store job gave to do.
+
+    Each edge takes an ``on_commit`` callable and calls :func:`committed`
+    after each of its store jobs commits: a CommitListener (the app's, which
+    wakes the outbox and the timer) is told the job's :class:`Wakes`; any
+    other callable is simply called.  Called with no argument, a listener
+    wakes both (the test clock moved, or nothing says what changed).
+    """
+
+    def committed(self, wakes: Wakes) -> None:
+        raise NotImplementedError
+
+    def __call__(self) -> None:
+        self.committed(ALL_WAKES)
+
+
+def committed(on_commit: Callable[[], None], wakes: Wakes) -> None:
+    """Tell ``on_commit`` that a store job committed, having written ``wakes``."""
+    if isinstance(on_commit, CommitListener):
+        on_commit.committed(wakes)
+    else:
+        on_commit()
 
 
 # --------------------------------------------------------------------------- inbound mail
@@ -225,6 +354,9 @@ class Delivered:
     message_ref: str
     case_key: str
     duplicate: bool = False
+    #: What the job queued and which deadline it wrote (see :class:`Wakes`);
+    #: a Delivered that does not say wakes both.
+    wakes: Wakes = ALL_WAKES
 
 
 def dedupe_key(message_id: str | None, rcpt_to: str, sha256: str) -> str:
@@ -242,7 +374,12 @@ def deliver(
     seen = _row(db, "SELECT message_ref, at FROM deliveries WHERE dedupe = ?", (dedupe,))
     if seen and seen["at"] > now - DEDUPE_WINDOW:
         m = _row(db, "SELECT case_key FROM messages WHERE message_ref = ?", (seen["message_ref"],))
-        return Delivered(seen["message_ref"], (m or {}).get("case_key") or "", duplicate=True)
+        return Delivered(
+            seen["message_ref"],
+            (m or {}).get("case_key") or "",
+            duplicate=True,
+            wakes=_take_wakes(),
+        )
     typ = rt.type_view(rcpt.domain, rcpt.type)
     if typ.role == "slave":
         return _deliver_slave(rt, db, rcpt, mail, raw, sha256, now, dedupe)
@@ -255,13 +392,51 @@ def deliver(
     else:
         new_case_id = f"{typ.id_prefix}{next_number(db, rcpt.domain, rcpt.type)}"
     effects = master_mail(case, rcpt, mail, typ, rt.context(now), new_case_id=new_case_id)
+    opened = case is None
     if case is None:
         created = next(e for e in effects if isinstance(e, CreateCase))
         case = created.case
         _create_case(db, case, now)
     _record_message(db, mail, raw, sha256, now, dedupe, case_key=case.key)
-    apply(rt, db, case, [e for e in effects if not isinstance(e, CreateCase)], now)
-    return Delivered(ev.message_ref, case.key)
+    recorded = _Recorded(ev, case.key, opened=opened)
+    _apply_recorded(
+        rt, db, case, [e for e in effects if not isinstance(e, CreateCase)], now, recorded
+    )
+    return Delivered(ev.message_ref, case.key, wakes=_take_wakes())
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """The mail the running job has just recorded on ``case_key``.
+
+    A send that answers it reads its sender and threading headers from here
+    rather than reading back (and decoding) the row the job has just written.
+    """
+
+    event: GatewayEvent
+    case_key: str
+    #: the job created the case for this mail, so it is the case's only mail
+    opened: bool
+
+
+def _apply_recorded(
+    rt: Runtime,
+    db: Database,
+    case: CaseView,
+    effects: Sequence[Effect],
+    now: float,
+    recorded: _Recorded,
+) -> None:
+    """:func:`apply`, in the same order, with each SendMail told about ``recorded``."""
+    run: list[Effect] = []
+    for effect in effects:
+        if isinstance(effect, SendMail):
+            apply(rt, db, case, run, now)
+            run = []
+            _send_mail(rt, db, case, effect, now, recorded=recorded)
+        else:
+            run.append(effect)
+    apply(rt, db, case, run, now)
 
 
 def _record_message(
@@ -346,7 +521,7 @@ def _deliver_slave(
             now,
         )
         log.info("intake pending intake_ref=%s message_ref=%s", intake_ref, ev.message_ref)
-        return Delivered(ev.message_ref, "")
+        return Delivered(ev.message_ref, "", wakes=_take_wakes())
     case = load_case(rt, db, rcpt.key)
     if case is None:
         raise UnknownCase(f"no case {rcpt.key}")
@@ -362,8 +537,8 @@ def _deliver_slave(
         transfer=rt.transfer(case.domain, case.type, policy),
         require_dmarc=rt.type_config(case.domain, case.type).require_dmarc_for_handoff,
     )
-    apply(rt, db, case, effects, now)
-    return Delivered(ev.message_ref, case.key)
+    _apply_recorded(rt, db, case, effects, now, _Recorded(ev, case.key, opened=False))
+    return Delivered(ev.message_ref, case.key, wakes=_take_wakes())
 
 
 def _policy(rt: Runtime, db: Database, case: CaseView) -> PolicyView:
@@ -403,30 +578,40 @@ def _create_case(db: Database, case: CaseView, now: float) -> None:
 # --------------------------------------------------------------------------- contract messages in
 
 
-def receive(
-    rt: Runtime, db: Database, who: Principal, env: Envelope, now: float
-) -> tuple[int, Mapping[str, Any]]:
+@dataclass(frozen=True)
+class Received:
+    """The answer to a contract message, and what its store job wrote."""
+
+    status: int
+    body: Mapping[str, Any]
+    wakes: Wakes = NO_WAKES
+    #: The handoff statuses the message recorded, in order: the edge's one
+    #: log line for the message names them (:func:`_record_status` does not).
+    statuses: tuple[Status, ...] = ()
+
+
+def receive(rt: Runtime, db: Database, who: Principal, env: Envelope, now: float) -> Received:
     """A contract message that passed authentication and the envelope checks.
 
     PROFILE §6 order from here: idempotency, schema, unknown case/handoff,
     forbidden, stale seq, invalid transition.  Every answer but a 5xx is
     kept for the (peer, id), so a repeat gets the original status and body.
     """
-    kept = _row(
-        db, "SELECT status, body FROM idempotency WHERE peer = ? AND id = ?", (who.id, env.id)
-    )
-    if kept is not None:
-        return int(kept["status"]), json.loads(kept["body"])
+    answered = _answered(db, who, env)
+    if answered is not None:
+        return Received(*answered, _take_wakes())
     # A refusal leaves nothing behind but its idempotency row: whatever the
     # handler recorded before refusing is rolled back to this savepoint.
     db.execute("SAVEPOINT receive")
     try:
         reply = _dispatch(rt, db, who, env, now)
         status, body = reply.status, dict(reply.body)
+        refused = False
     except (WireError, TransitionError) as exc:
         db.execute("ROLLBACK TO receive")
         status = exc.status if isinstance(exc, WireError) else 409
         body = {"ok": False, "error": exc.code, "detail": exc.detail}
+        refused = True
     except BaseException:
         db.execute("ROLLBACK TO receive")
         db.execute("RELEASE receive")
@@ -436,7 +621,18 @@ def receive(
         "INSERT INTO idempotency (peer, id, status, body, at) VALUES (?, ?, ?, ?, ?)",
         (who.id, env.id, status, dumps(body), now),
     )
-    return status, body
+    wakes, statuses = _take_notes()
+    return Received(status, body, wakes, () if refused else statuses)
+
+
+def _answered(db: Database, who: Principal, env: Envelope) -> tuple[int, Any] | None:
+    """The answer kept for this (peer, id), if the message was received before."""
+    kept = _row(
+        db, "SELECT status, body FROM idempotency WHERE peer = ? AND id = ?", (who.id, env.id)
+    )
+    if kept is not None:
+        return int(kept["status"]), json.loads(kept["body"])
+    return None
 
 
 def _dispatch(rt: Runtime, db: Database, who: Principal, env: Envelope, now: float) -> Reply:
@@ -463,7 +659,7 @@ def _dispatch(rt: Runtime, db: Database, who: Principal, env: Envelope, now: flo
     if isinstance(msg, MailSend):
         return _mail_send(rt, db, case, msg, now)
     assert isinstance(msg, HandoffCancel)
-    handoff = load_handoff(rt, db, msg.handoff_id)
+    handoff = _named_handoff(rt, db, case, msg.handoff_id)
     if handoff is None or handoff.case_key != case.key:
         raise WireError(
             f"handoff_id: no handoff {msg.handoff_id} on case {case.key}",
@@ -471,8 +667,17 @@ def _dispatch(rt: Runtime, db: Database, who: Principal, env: Envelope, now: flo
             status=404,
         )
     reply = cancel_from_master(case, handoff, msg, rt.context(now))
-    apply(rt, db, case, reply.effects, now)
+    apply(rt, db, case, reply.effects, now, quiet=True)
     return reply
+
+
+def _named_handoff(
+    rt: Runtime, db: Database, case: CaseView, handoff_id: str
+) -> HandoffView | None:
+    """The handoff a message names: usually the case's open one, already loaded."""
+    if case.open_handoff is not None and case.open_handoff.handoff_id == handoff_id:
+        return case.open_handoff
+    return load_handoff(rt, db, handoff_id)
 
 
 def _check_transfers(rt: Runtime, msg: CasePolicy | MailSend | HandoffCancel) -> None:
@@ -499,10 +704,13 @@ def _check_webhook(
 def _handoff_status(
     rt: Runtime, db: Database, who: Principal, msg: HandoffStatus, now: float
 ) -> Reply:
-    handoff = load_handoff(rt, db, msg.handoff_id)
-    if not case_exists(db, msg.case.key):
+    # One statement reads the case and its open handoff, which is usually the
+    # one the status is about; PROFILE §6 order: unknown case, then handoff.
+    case = load_case(rt, db, msg.case.key)
+    if case is None:
         raise WireError(f"case.key: no case {msg.case.key}", code="unknown-case", status=404)
-    if handoff is None or handoff.case_key != msg.case.key:
+    handoff = _named_handoff(rt, db, case, msg.handoff_id)
+    if handoff is None or handoff.case_key != case.key:
         raise WireError(
             f"handoff_id: no handoff {msg.handoff_id} on case {msg.case.key}",
             code="unknown-handoff",
@@ -512,8 +720,6 @@ def _handoff_status(
         raise WireError(
             f"handoff_id: {msg.handoff_id} was not sent to this peer", code="forbidden", status=403
         )
-    case = load_case(rt, db, msg.case.key)
-    assert case is not None
     if case.role == "master":
         reply = status_from_mode(case, handoff, msg, resume=True)
     else:
@@ -528,7 +734,7 @@ def _handoff_status(
             ask=policy.autonomous_send,
             relay=rt.master_of(case.domain, case.type),
         )
-    apply(rt, db, case, reply.effects, now)
+    apply(rt, db, case, reply.effects, now, quiet=True)
     return reply
 
 
@@ -640,7 +846,7 @@ def _case_assign(rt: Runtime, db: Database, who: Principal, msg: CaseAssign, now
             transfer=rt.transfer(domain, type_, policy),
             require_dmarc=rt.type_config(domain, type_).require_dmarc_for_handoff,
         )
-    apply(rt, db, case, effects, now)
+    apply(rt, db, case, effects, now, quiet=True)
     return Reply(200, {"ok": True, "case": ref})
 
 
@@ -690,15 +896,15 @@ def next_deadline(db: Database) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
-def fire_deadline(rt: Runtime, db: Database, handoff_id: str, now: float) -> bool:
-    """CONTRACT §3.1.2 / PROFILE §8 for one handoff; False if nothing was due."""
+def fire_deadline(rt: Runtime, db: Database, handoff_id: str, now: float) -> Wakes | None:
+    """CONTRACT §3.1.2 / PROFILE §8 for one handoff: what it woke, or None if nothing was due."""
     handoff = load_handoff(rt, db, handoff_id)
     if handoff is None or handoff.closed:
-        return False
+        return None
     case = load_case(rt, db, handoff.case_key)
     assert case is not None
     apply(rt, db, case, master_deadline(case, handoff, rt.context(now)), now)
-    return True
+    return _take_wakes()
 
 
 @dataclass(frozen=True)
@@ -759,24 +965,34 @@ def backoff(attempts: int, rng: random.Random | None = None) -> float:
     return base * (0.5 + (rng or random).random() / 2)
 
 
-def outbox_retry(rt: Runtime, db: Database, item: OutboxItem, error: str, now: float) -> bool:
-    """A failure worth retrying; gives up (and fails the item) after ``retry_for``."""
+def outbox_retry(
+    rt: Runtime, db: Database, item: OutboxItem, error: str, now: float
+) -> tuple[bool, Wakes]:
+    """A failure worth retrying; gives up (and fails the item) after ``retry_for``.
+
+    Returns whether the item is kept for another attempt, and what failing it woke.
+    """
     next_at = now + backoff(item.attempts + 1)
     if next_at > item.deliver_until:
-        outbox_failed(rt, db, item, f"gave up after {item.attempts + 1} attempts: {error}", now)
-        return False
+        error = f"gave up after {item.attempts + 1} attempts: {error}"
+        return False, outbox_failed(rt, db, item, error, now)
     db.execute(
         "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
         "WHERE id = ?",
         (error[:1000], next_at, item.id),
     )
-    return True
+    return True, _take_wakes()
 
 
-def outbox_failed(rt: Runtime, db: Database, item: OutboxItem, detail: str, now: float) -> None:
+def outbox_failed(rt: Runtime, db: Database, item: OutboxItem, detail: str, now: float) -> Wakes:
     """PROFILE §7: "4xx: not retried; recorded in the thread as a failed delivery
     (a refused handoff.request records failed with the detail and resumes by
-    email)"."""
+    email)".  Returns what it woke (a resume mail, a status to the master)."""
+    _outbox_failed(rt, db, item, detail, now)
+    return _take_wakes()
+
+
+def _outbox_failed(rt: Runtime, db: Database, item: OutboxItem, detail: str, now: float) -> None:
     db.execute(
         "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ? WHERE id = ?",
         (detail[:1000], item.id),
@@ -809,9 +1025,19 @@ def outbox_failed(rt: Runtime, db: Database, item: OutboxItem, detail: str, now:
 
 
 def apply(
-    rt: Runtime, db: Database, case: CaseView, effects: Iterable[Effect], now: float
+    rt: Runtime,
+    db: Database,
+    case: CaseView,
+    effects: Iterable[Effect],
+    now: float,
+    *,
+    quiet: bool = False,
 ) -> list[str | None]:
-    """Carry out the engine's effects on ``case``; returns each SendMail's refusal (or None)."""
+    """Carry out the engine's effects on ``case``; returns each SendMail's refusal (or None).
+
+    ``quiet``: statuses are not logged here, the caller's line names them
+    (a contract message: :class:`Received` ``.statuses``).
+    """
     refusals: list[str | None] = []
     for effect in effects:
         if isinstance(effect, CreateCase):
@@ -835,8 +1061,10 @@ def apply(
                     dumps(dict(effect.details)),
                 ),
             )
+            if effect.deadline_at is not None:
+                _note_deadline(effect.deadline_at)
         elif isinstance(effect, Status):
-            _record_status(db, case, effect, now)
+            _record_status(db, case, effect, now, quiet=quiet)
         elif isinstance(effect, SendContract):
             _queue_contract(rt, db, case, effect, now)
         elif isinstance(effect, SendMail):
@@ -846,29 +1074,30 @@ def apply(
     return refusals
 
 
-def _record_status(db: Database, case: CaseView, s: Status, now: float) -> None:
-    n = db.execute(
-        "SELECT COALESCE(MAX(n), 0) + 1 FROM statuses WHERE handoff_id = ?", (s.handoff_id,)
-    ).fetchone()[0]
+def _record_status(
+    db: Database, case: CaseView, s: Status, now: float, *, quiet: bool = False
+) -> None:
+    # The status's number n (1, 2, ... per handoff) is taken in the INSERT,
+    # and the handoff's mode comes back from its UPDATE: two statements.
     db.execute(
         "INSERT INTO statuses (handoff_id, n, seq, status, source, data, at) "
-        "VALUES (?,?,?,?,?,?,?)",
-        (s.handoff_id, n, s.seq, s.status, s.source, dumps(dict(s.fields)), now),
+        "SELECT ?, COALESCE(MAX(n), 0) + 1, ?, ?, ?, ?, ? FROM statuses WHERE handoff_id = ?",
+        (s.handoff_id, s.seq, s.status, s.source, dumps(dict(s.fields)), now, s.handoff_id),
     )
     terminal = MACHINE.is_terminal(s.status)
-    db.execute(
+    (mode,) = db.execute(
         "UPDATE handoffs SET status = ?, last_seq = COALESCE(?, last_seq), "
-        "closed_at = CASE WHEN ? THEN ? ELSE closed_at END WHERE handoff_id = ?",
+        "closed_at = CASE WHEN ? THEN ? ELSE closed_at END WHERE handoff_id = ? RETURNING mode",
         (s.status, s.seq, terminal, now, s.handoff_id),
-    )
-    mode = db.execute("SELECT mode FROM handoffs WHERE handoff_id = ?", (s.handoff_id,)).fetchone()[
-        0
-    ]
+    ).fetchall()[0]
     entry = {"handoff_id": s.handoff_id, "mode": mode, "status": s.status, "source": s.source}
     if s.seq is not None:
         entry["seq"] = s.seq
     entry.update(s.fields)
     append_thread(db, case.key, "status", entry, at=now)
+    _notes.statuses.append(s)
+    if quiet:
+        return
     log.info(
         "status case=%s handoff=%s status=%s seq=%s source=%s",
         case.key,
@@ -906,6 +1135,7 @@ def _queue_outbox(
             now + rt.config.server.retry_for,
         ),
     )
+    _note_queued()  # the job's Wakes: the outbox has work once it commits
 
 
 def _queue_contract(rt: Runtime, db: Database, case: CaseView, s: SendContract, now: float) -> None:
@@ -943,13 +1173,35 @@ def _abandon_request(db: Database, case: CaseView, handoff_id: str, now: float) 
         )
 
 
+@dataclass(frozen=True)
+class _Original:
+    """The recorded mail a send answers: whom the send goes to, and how it threads."""
+
+    message_ref: str
+    recipient: Recipient
+    message_id: str | None
+    references: tuple[str, ...]
+    subject: str | None
+
+
 def _recipient(
-    db: Database, case: CaseView, reply_to: str | None
-) -> tuple[Recipient | None, dict[str, Any] | None]:
+    db: Database, case: CaseView, reply_to: str | None, recorded: _Recorded | None = None
+) -> _Original | None:
+    if recorded is not None and recorded.case_key == case.key:
+        ev = recorded.event
+        # The very row the queries below would find: the mail reply_to names,
+        # or the participant's latest mail on a case that has no other mail.
+        if reply_to is not None:
+            fresh = reply_to == ev.message_ref
+        else:
+            fresh = recorded.opened and case.participant == ev.from_address
+        if fresh:
+            recipient = Recipient(ev.from_address, ev.dmarc == "pass", ev.automated)
+            return _Original(ev.message_ref, recipient, ev.message_id, ev.references, ev.subject)
     if reply_to is not None:
         row = _row(
             db,
-            "SELECT message_ref, message_id, from_address, event FROM messages "
+            "SELECT message_ref, from_address, event FROM messages "
             "WHERE message_ref = ? AND case_key = ?",
             (reply_to, case.key),
         )
@@ -957,28 +1209,52 @@ def _recipient(
         # PROFILE §4: replies thread to "the participant's latest mail on the case".
         row = _row(
             db,
-            "SELECT message_ref, message_id, from_address, event FROM messages "
+            "SELECT message_ref, from_address, event FROM messages "
             "WHERE case_key = ? AND lower(from_address) = lower(?) "
             "ORDER BY received_at DESC, rowid DESC LIMIT 1",
             (case.key, case.participant),
         )
     if row is None:
-        return None, None
+        return None
     event = json.loads(row["event"])
     recipient = Recipient(
         address=row["from_address"] or "",
         authenticated=event.get("auth", {}).get("dmarc") == "pass",
         automated=bool(event.get("automated", {}).get("is")),
     )
-    return recipient, row | {"event": event}
+    return _Original(
+        row["message_ref"],
+        recipient,
+        event.get("message_id"),
+        tuple(event.get("references", [])),
+        event.get("subject"),
+    )
 
 
-def _send_mail(rt: Runtime, db: Database, case: CaseView, s: SendMail, now: float) -> str | None:
-    """The one gate every outbound mail passes (CONTRACT §6, PROFILE §3, §4)."""
-    recipient, row = _recipient(db, case, s.reply_to)
+def _send_mail(
+    rt: Runtime,
+    db: Database,
+    case: CaseView,
+    s: SendMail,
+    now: float,
+    *,
+    recorded: _Recorded | None = None,
+) -> str | None:
+    """The one gate every outbound mail passes (CONTRACT §6, PROFILE §3, §4).
+
+    ``recorded``: the mail the running job has just recorded, which the send
+    may answer (see :class:`_Recorded`).
+    """
+    original = _recipient(db, case, s.reply_to, recorded)
+    recipient = original.recipient if original is not None else None
     typ = rt.type_config(case.domain, case.type)
-    counts = Counts(0, 0)
-    if recipient is not None and recipient.address:
+    caps = Caps(typ.send_cap.per_case, typ.send_cap.per_recipient_per_day)
+    # The counts feed only the caps, which decide_send checks last: a send
+    # refused before any mail is counted is refused for the same reason
+    # whatever the counts, so they are read only for a send that passed the
+    # rules on who the recipient is.
+    refusal = decide_send(recipient, Counts(0, 0), caps)
+    if refusal is None and recipient is not None:
         counts = Counts(
             case_sent=db.execute(
                 "SELECT sent_count FROM cases WHERE key = ?", (case.key,)
@@ -988,10 +1264,8 @@ def _send_mail(rt: Runtime, db: Database, case: CaseView, s: SendMail, now: floa
                 (recipient.address.lower(), now - CAP_WINDOW_SECONDS),
             ).fetchone()[0],
         )
-    refusal = decide_send(
-        recipient, counts, Caps(typ.send_cap.per_case, typ.send_cap.per_recipient_per_day)
-    )
-    if refusal is not None or recipient is None or row is None:
+        refusal = decide_send(recipient, counts, caps)
+    if refusal is not None or original is None or recipient is None:
         append_thread(
             db,
             case.key,
@@ -1004,19 +1278,21 @@ def _send_mail(rt: Runtime, db: Database, case: CaseView, s: SendMail, now: floa
             },
             at=now,
         )
-        log.info("send refused case=%s purpose=%s reason=%s", case.key, s.purpose, refusal)
+        # Routine (most senders are unauthenticated or automated); the thread
+        # keeps it, and the LMTP or HTTP edge logs the input that caused it.
+        log.debug("send refused case=%s purpose=%s reason=%s", case.key, s.purpose, refusal)
         return refusal
-    event = row["event"]
-    refs = [*event.get("references", []), event.get("message_id")]
+    refs = [*original.references, original.message_id]
+    subject = s.subject or compose.reply_subject(original.subject)
     mid = compose.message_id(rt.new_id(), case.domain)
     raw = compose.render(
         compose.OutboundMail(
             sender=case.address,
             to=recipient.address,
-            subject=s.subject or compose.reply_subject(event.get("subject")),
+            subject=subject,
             body=s.body,
             message_id=mid,
-            in_reply_to=event.get("message_id"),
+            in_reply_to=original.message_id,
             references=[r for r in refs if r],
             auto_submitted=s.auto_submitted,
             date=now,
@@ -1042,16 +1318,15 @@ def _send_mail(rt: Runtime, db: Database, case: CaseView, s: SendMail, now: floa
             "message_id": mid,
             "to": recipient.address,
             "purpose": s.purpose,
-            "subject": compose.clean_header(
-                s.subject or compose.reply_subject(event.get("subject"))
-            ),
-            "in_reply_to": row["message_ref"],
+            "subject": compose.clean_header(subject),
+            "in_reply_to": original.message_ref,
             "auto_submitted": s.auto_submitted,
             "body": s.body,
         },
         at=now,
     )
-    log.info("mail queued case=%s purpose=%s message_id=%s", case.key, s.purpose, mid)
+    # The outbox logs the attempt to send it (``outbox sent|retry|gave-up``).
+    log.debug("mail queued case=%s purpose=%s message_id=%s", case.key, s.purpose, mid)
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -213,6 +214,30 @@ def test_statuses_accepted_recorded_and_on_commit(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+def test_one_info_line_per_contract_message(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body(r: Running) -> None:
+        key, hid = await r.open_callback_case()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="masd"):
+            await post(r, status_message(key, hid, 1, "negotiating", mid="st-one"))
+            await post(r, status_message(key, hid, 1, "running", mid="st-stale"))
+            await post(r, status_message(key, hid, 2, "completed", mid="st-bad"))
+        lines = [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.INFO]
+        assert lines == [
+            f"message peer=mode:help.example/ticket/callback type=handoff.status id={mid} "
+            f"case={key} handoff={hid} status={status} recorded={recorded} error={error}"
+            for mid, status, recorded, error in (
+                ("st-one", 200, "negotiating", "-"),
+                ("st-stale", 200, "-", "-"),
+                ("st-bad", 409, "-", "invalid-transition"),
+            )
+        ]
+
+    run(tmp_path, body)
+
+
 def test_idempotency_returns_the_original_answer(tmp_path: Path) -> None:
     async def body(r: Running) -> None:
         key, hid = await r.open_callback_case()
@@ -269,6 +294,41 @@ def test_404_unknown_case_and_unknown_handoff(tmp_path: Path) -> None:
             "unknown-handoff",
             "f" * 32,
         )
+
+    run(tmp_path, body)
+
+
+def test_a_status_may_name_any_handoff_of_its_case_not_only_the_open_one(
+    tmp_path: Path,
+) -> None:
+    async def body(r: Running) -> None:
+        key, first = await r.open_callback_case()
+        for seq, status in ((1, "running"), (2, "completed")):
+            assert (await post(r, status_message(key, first, seq, status))).json() == {"ok": True}
+        # The case's second handoff (to chat) is now its open one.
+        await deliver(r.store, r.rt, key.replace("@", "!chat@"), r.clock.now())
+        rows = await r.store.read(
+            lambda db: db.execute("SELECT mode, handoff_id FROM handoffs").fetchall()
+        )
+        second = dict(rows)["chat"]
+        # The closed first handoff is judged as itself: stale, then no transition after completed.
+        stale = await post(r, status_message(key, first, 2, "running"))
+        assert stale.json() == {"ok": True, "ignored": "stale"}
+        refused(await post(r, status_message(key, first, 3, "running")), 409, "invalid-transition")
+        refused(await post(r, status_message(key, second, 1, "running")), 403, "forbidden", second)
+        assert (await post(r, status_message(key, second, 1, "running"), CHAT)).json() == {
+            "ok": True
+        }
+        # A handoff of another case is not one of this case.
+        other_key, other = await r.open_callback_case()
+        refused(
+            await post(r, status_message(key, other, 1, "running")), 404, "unknown-handoff", other
+        )
+        statuses = await r.store.read(
+            lambda db: db.execute("SELECT handoff_id, status FROM handoffs").fetchall()
+        )
+        assert dict(statuses) == {first: "completed", second: "running", other: "requested"}
+        assert other_key != key
 
     run(tmp_path, body)
 

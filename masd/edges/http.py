@@ -280,7 +280,7 @@ class HttpEdge:
         key, handoff_id = _envelope_refs(env)
         now = self.clock.now()
         try:
-            status, body = await self.store.write(
+            got = await self.store.write(
                 lambda db: service.receive(self.rt, db, principal, env, now)
             )
         except StoreError as exc:
@@ -293,18 +293,23 @@ class HttpEdge:
                 exc.detail,
             )
             return refusal("unavailable", f"store: {exc.detail}")
-        self.on_commit()
+        service.committed(self.on_commit, got.wakes)
+        # The one line for the message: it names the statuses it recorded.
+        recorded = got.statuses
+        if handoff_id is None and recorded:
+            handoff_id = recorded[-1].handoff_id  # a case.assign that opened a handoff
         log.info(
-            "message peer=%s type=%s id=%s case=%s handoff=%s status=%d error=%s",
+            "message peer=%s type=%s id=%s case=%s handoff=%s status=%d recorded=%s error=%s",
             principal.id,
             env.type,
             env.id,
             key,
             handoff_id,
-            status,
-            body.get("error", "-"),
+            got.status,
+            ",".join(s.status for s in recorded) or "-",
+            got.body.get("error", "-"),
         )
-        return web.json_response(dict(body), status=status)
+        return web.json_response(dict(got.body), status=got.status)
 
     # ------------------------------------------------------------------ health and metrics
 
@@ -393,7 +398,8 @@ class HttpEdge:
                     "invalid-message", f"advance: {exc!s:.80} is not a number of seconds >= 0"
                 )
             self.clock.advance(float(seconds))
-            self.on_commit()
+            # Deadlines and retries may be due now: the timer and the outbox look again.
+            service.committed(self.on_commit, service.ALL_WAKES)
         return web.json_response({"ok": True, "now": self.clock.now()})
 
 

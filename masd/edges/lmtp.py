@@ -281,9 +281,10 @@ class LmtpHandler:
         results = await asyncio.gather(
             *(self._record_one(rcpt, parsed, raw, sha, now, i == 0) for i, rcpt in enumerate(rcpts))
         )
-        if any(ok for _, ok in results):
+        woke = [wakes for _, wakes in results if wakes is not None]
+        if woke:
             try:
-                self.on_commit()
+                service.committed(self.on_commit, service.Wakes.union(woke))
             except Exception:
                 log.exception("on_commit failed after a delivery")
         return RecipientReplies("\r\n".join(line for line, _ in results))
@@ -313,8 +314,8 @@ class LmtpHandler:
 
     async def _record_one(
         self, rcpt: str, first: ParsedMail, raw: bytes, sha: str, now: float, is_first: bool
-    ) -> tuple[str, bool]:
-        """One recipient: (reply line, whether a store write committed)."""
+    ) -> tuple[str, service.Wakes | None]:
+        """One recipient: (reply line, what its committed job woke; None: nothing committed)."""
         try:
             addr = self.parse(rcpt)
             # The message is parsed once; each recipient's event differs only
@@ -350,11 +351,11 @@ class LmtpHandler:
                 reply.outcome,
             )
             self.metrics.inc(METRIC, outcome=reply.outcome)
-            return reply.line(text), True
+            return reply.line(text), done.wakes
         if reply is not Replies.FAULT:
             log.info("rcpt=%s refused at DATA reply=%s detail=%s", rcpt, reply.code, text)
         self.metrics.inc(METRIC, outcome=reply.outcome)
-        return reply.line(text), False
+        return reply.line(text), None
 
     @property
     def in_flight(self) -> int:

@@ -43,6 +43,8 @@ STOP_GRACE: Final = 10.0
 STORE_PAUSE: Final = 1.0
 #: Bytes of a refusal's body kept for the thread (PROFILE §7 "recorded ... with the detail").
 BODY_KEEP: Final = 300
+#: Counter of wakes from outside (a commit queued rows): each costs the loop a read.
+WAKES_METRIC: Final = "masd_outbox_wakes_total"
 _MESSAGE_ID = re.compile(r"^Message-ID:[ \t]*(\S+)", re.IGNORECASE | re.MULTILINE)
 
 
@@ -84,6 +86,7 @@ class Outbox:
         self._task: asyncio.Task[None] | None = None
         self._client: aiohttp.ClientSession | None = None
         self._in_flight: dict[str, asyncio.Task[None]] = {}  # queue -> its send
+        metrics.inc(WAKES_METRIC, 0.0)  # on /metrics from the start
 
     def start(self) -> None:
         """Start the loop (on the running event loop)."""
@@ -103,6 +106,7 @@ class Outbox:
 
     def wake(self) -> None:
         """Look at the outbox now (new rows may have been committed)."""
+        self._metrics.inc(WAKES_METRIC)
         self._wake.set()
 
     async def stop(self) -> None:
@@ -221,14 +225,15 @@ class Outbox:
     async def _record(self, item: OutboxItem, outcome: _Result) -> None:
         rt, now = self._rt, self._clock.now()
         result = outcome.result
+        wakes = service.NO_WAKES
         if result == "done":
             await self._store.write(lambda db: service.outbox_done(db, item.id, now))
         elif result == "failed":
-            await self._store.write(
+            wakes = await self._store.write(
                 lambda db: service.outbox_failed(rt, db, item, outcome.detail, now)
             )
         else:
-            kept = await self._store.write(
+            kept, wakes = await self._store.write(
                 lambda db: service.outbox_retry(rt, db, item, outcome.detail, now)
             )
             result = "retry" if kept else "gave-up"
@@ -239,7 +244,9 @@ class Outbox:
             " ".join(f"{k}={v}" for k, v in _describe(item, outcome.detail).items()),
         )
         if self._on_commit is not None:
-            self._on_commit()
+            # Rows this job queued are this loop's to find (an attempt ending
+            # wakes it); a deadline it wrote is the timer's.
+            service.committed(self._on_commit, wakes)
 
 
 def _look(

@@ -3,8 +3,9 @@
 "Deadline = time handoff.request was recorded + the endpoint's deadline. At
 the deadline with no terminal status: record timed-out ...".  Deadlines live
 in the store (``handoffs.deadline_at``), so they survive a restart; this loop
-sleeps until the earliest one (or a wake: a new handoff may be due sooner)
-and fires each due handoff in its own store job.
+sleeps until the earliest one and fires each due handoff in its own store
+job.  A commit that wrote a deadline sooner than the one it sleeps until
+wakes it (:meth:`DeadlineTimer.wake_for`); other commits leave it asleep.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 from collections.abc import Callable
 from typing import Final
 
@@ -33,6 +35,8 @@ PAUSE: Final = 1.0
 RETRY_FAILED_AFTER: Final = 60.0
 #: Handoffs read per query when many deadlines fall due at once.
 PAGE: Final = 100
+#: Counter of wakes: each one costs the loop a look at the store.
+WAKES_METRIC: Final = "masd_timer_wakes_total"
 
 
 class DeadlineTimer:
@@ -54,6 +58,10 @@ class DeadlineTimer:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failing: dict[str, float] = {}  # handoff id -> clock time to try again
+        # The clock time the loop sleeps until; +inf while it looks (its read
+        # may predate a commit) or when no deadline is set.
+        self._until = math.inf
+        metrics.inc(WAKES_METRIC, 0.0)  # on /metrics from the start
 
     def start(self) -> None:
         if self._task is not None:
@@ -61,8 +69,20 @@ class DeadlineTimer:
         self._task = asyncio.create_task(self._run(), name="masd-timer")
 
     def wake(self) -> None:
-        """Look again (a deadline may have been added)."""
+        """Look again (a deadline may have been added, or the clock moved)."""
+        self._metrics.inc(WAKES_METRIC)
         self._wake.set()
+
+    def wake_for(self, deadline: float) -> None:
+        """A commit wrote ``deadline``: look again only if it is sooner than the
+        time the loop sleeps until (or the loop is looking now)."""
+        if deadline < self._until:
+            self.wake()
+
+    @property
+    def sleeps_until(self) -> float | None:
+        """The clock time the loop sleeps until; None while it looks or has nothing to wait for."""
+        return None if self._until == math.inf else self._until
 
     async def stop(self) -> None:
         """Cancel the loop; a firing in progress still commits or not at all (store jobs)."""
@@ -75,7 +95,10 @@ class DeadlineTimer:
 
     async def _run(self) -> None:
         while True:
-            self._wake.clear()  # before reading: a wake from now on is not lost
+            # Before reading: any deadline committed from now on wakes the
+            # loop (it may be missing from the snapshot about to be read).
+            self._until = math.inf
+            self._wake.clear()
             try:
                 await self._fire_due()
                 until = await self._store.read(self._next)
@@ -83,6 +106,7 @@ class DeadlineTimer:
                 log.warning("deadline check failed error=%s", exc)
                 await _pause(self._wake, PAUSE)
                 continue
+            self._until = math.inf if until is None else until
             await self._clock.wait(self._wake, until)
 
     async def _fire_due(self) -> None:
@@ -120,7 +144,7 @@ class DeadlineTimer:
     async def _fire(self, handoff_id: str, now: float) -> None:
         rt = self._rt
         try:
-            done = await self._store.write(
+            fired = await self._store.write(
                 lambda db: service.fire_deadline(rt, db, handoff_id, now)
             )
         except Exception as exc:  # noqa: BLE001 - one bad handoff must not stop the others
@@ -128,10 +152,10 @@ class DeadlineTimer:
             log.error("deadline failed handoff=%s error=%r", handoff_id, exc)
             return
         self._failing.pop(handoff_id, None)
-        if done:
+        if fired is not None:
             self._metrics.inc("masd_deadlines_fired_total")
             log.info("deadline fired handoff=%s status=timed-out", handoff_id)
-        self._on_commit()
+        service.committed(self._on_commit, service.NO_WAKES if fired is None else fired)
 
 
 async def _pause(event: asyncio.Event, seconds: float) -> None:
