@@ -87,7 +87,7 @@ class Gate:
 def pragmas(db: Database) -> dict[str, Any]:
     return {
         name: db.execute(f"PRAGMA {name}").fetchone()[0]
-        for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
+        for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys", "temp_store")
     }
 
 
@@ -96,6 +96,7 @@ EXPECTED_PRAGMAS = {
     "synchronous": 2,
     "busy_timeout": 5000,
     "foreign_keys": 1,
+    "temp_store": 2,  # MEMORY: no statement-journal files in the temp directory
 }
 
 
@@ -369,6 +370,7 @@ def test_lost_transaction_fails_its_jobs_and_the_rest_go_on(store: Store) -> Non
         "PRAGMA defer_foreign_keys=ON",
         "PRAGMA foreign_keys=OFF",
         "PRAGMA synchronous=OFF",
+        "PRAGMA temp_store=FILE",
     ],
 )
 def test_job_may_not_control_the_transaction(store: Store, sql: str) -> None:

@@ -93,6 +93,7 @@ _FROZEN_PRAGMAS = frozenset(
         "locking_mode",
         "query_only",
         "synchronous",
+        "temp_store",
         "writable_schema",
     }
 )
@@ -166,6 +167,10 @@ def _connect(path: Path, *, query_only: bool = False) -> sqlite3.Connection:
             raise StoreError(f"cannot open store {path}: journal_mode is {mode!r}, not 'wal'")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
+        # Statement journals and sorts stay in memory: on disk each batch's
+        # savepoints created, opened and unlinked a file in the temp directory
+        # (five system calls and a journaled metadata change per commit).
+        conn.execute("PRAGMA temp_store=MEMORY")
         if query_only:
             conn.execute("PRAGMA query_only=ON")
         # Reading the schema makes SQLite read the header: a file that is not
