@@ -25,7 +25,13 @@ from hypothesis import strategies as st
 
 from masd.clock import Clock
 from masd.config import Config, TcpListen, UnixListen, load_config
-from masd.edges.lmtp import LmtpHandler, LmtpListenError, new_message_ref, start_lmtp
+from masd.edges.lmtp import (
+    LmtpHandler,
+    LmtpListenError,
+    _LmtpProtocol,
+    new_message_ref,
+    start_lmtp,
+)
 from masd.lmtpclient import LmtpConnection, LmtpError, LmtpResult, deliver, encode_data
 from masd.metrics import Metrics
 from masd.service import Runtime
@@ -648,5 +654,33 @@ def test_data_sent_in_small_pieces_is_stored_as_sent(tmp_path: Path) -> None:
             writer.close()
             await writer.wait_closed()
         assert await rig.rows("SELECT raw FROM messages") == [(message,)]
+
+    run(tmp_path, body)
+
+
+def test_an_idle_session_is_closed_and_commands_keep_it_open(tmp_path: Path) -> None:
+    async def body(rig: Rig) -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _LmtpProtocol(rig.handler, timeout=1.0, hostname=HOSTNAME, loop=loop),
+            "127.0.0.1",
+            0,
+        )
+        try:
+            port = server.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert (await reader.readline()).startswith(b"220")
+            # Commands for longer than the idle timeout: each one moves it.
+            for _ in range(25):
+                writer.write(b"NOOP\r\n")
+                assert (await asyncio.wait_for(reader.readline(), 10)).startswith(b"250")
+                await asyncio.sleep(0.1)
+            # Then nothing: the server closes the session.
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+            writer.close()
+            await writer.wait_closed()
+        finally:
+            server.close()
+            await server.wait_closed()
 
     run(tmp_path, body)

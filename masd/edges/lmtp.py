@@ -118,8 +118,13 @@ _HAS_ENHANCED = re.compile(r"[0-9]{3}[ -][245]\.[0-9]{1,3}\.[0-9]{1,3}(?: |$)")
 _REPLY_LINE = re.compile(r"([0-9]{3})([ -]?)(.*)", re.DOTALL)
 
 
+_PRINTABLE: Final = re.compile(r"[ -~]*")
+
+
 def _printable(text: str) -> str:
     """One ASCII line: replies never carry line breaks, controls or raw UTF-8."""
+    if len(text) <= MAX_DETAIL and _PRINTABLE.fullmatch(text):
+        return text  # the usual case, left as it is
     text = text.encode("ascii", "backslashreplace").decode("ascii")
     text = "".join(ch if " " <= ch <= "~" else " " for ch in text)
     return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 3] + "..."
@@ -278,9 +283,15 @@ class LmtpHandler:
                 "mail from=%s to %d recipients: cannot read the message", mail_from, len(rcpts)
             )
             return self.per_recipient(Replies.FAULT, "temporary failure, try again later", rcpts)
-        results = await asyncio.gather(
-            *(self._record_one(rcpt, parsed, raw, sha, now, i == 0) for i, rcpt in enumerate(rcpts))
-        )
+        if len(rcpts) == 1:  # the usual case: no task and gather for one recipient
+            results = [await self._record_one(rcpts[0], parsed, raw, sha, now, True)]
+        else:
+            results = await asyncio.gather(
+                *(
+                    self._record_one(rcpt, parsed, raw, sha, now, i == 0)
+                    for i, rcpt in enumerate(rcpts)
+                )
+            )
         woke = [wakes for _, wakes in results if wakes is not None]
         if woke:
             try:
@@ -534,6 +545,8 @@ class _LmtpProtocol(LMTP):
         self._in_lhlo = False
         self._data_open = False  # between our 354 and the replies to the data
         self._data_rcpts: list[str] = []
+        self._idle_until = 0.0  # loop time after which an idle session is closed
+        self._idle_armed = False  # a check is scheduled (self._timeout_handle)
 
     def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
         plain = plain_path(arg)
@@ -543,6 +556,28 @@ class _LmtpProtocol(LMTP):
         if limit and len(plain[0].rpartition("@")[0]) > limit:
             return None, None
         return plain
+
+    def _reset_timeout(self, duration: float | None = None) -> None:
+        # aiosmtpd cancels and schedules a timer on every command; here a
+        # command only moves the idle deadline, and one scheduled check
+        # closes the session once it has passed.
+        self._idle_until = self.loop.time() + (duration or self._timeout_duration)
+        handle = self._timeout_handle
+        if handle is None or not self._idle_armed or handle.when() > self._idle_until:
+            if handle is not None:
+                handle.cancel()
+            self._timeout_handle = self.loop.call_at(self._idle_until, self._idle_check)
+            self._idle_armed = True
+
+    def _idle_check(self) -> None:
+        self._idle_armed = False
+        if self.loop.time() < self._idle_until:
+            self._timeout_handle = self.loop.call_at(self._idle_until, self._idle_check)
+            self._idle_armed = True
+            return
+        log.info("LMTP session idle too long, closed peer=%s", self.session and self.session.peer)
+        if self.transport is not None:
+            self.transport.close()
 
     async def smtp_LHLO(self, arg: str) -> None:
         self._in_lhlo = True
