@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -612,3 +613,30 @@ def test_the_writer_leaves_checkpoints_to_the_checkpointer(tmp_path: Path) -> No
         while path.stat().st_size <= before and time.monotonic() < deadline:
             time.sleep(0.1)
         assert path.stat().st_size > before
+
+
+def test_the_wal_is_started_over_under_steady_writes(tmp_path: Path) -> None:
+    """Commits that never pause would grow the WAL without end (a PASSIVE
+    checkpoint never catches up, so SQLite never starts the log over); past
+    the limit the checkpointer restarts it."""
+    path = tmp_path / "masd.db"
+    wal = Path(f"{path}-wal")
+    limit = 1024 * 1024
+    written = 0
+    largest = 0
+    with Store.open(path, wal_limit_bytes=limit, checkpoint_seconds=0.02) as store:
+
+        def insert(db: Database, n: int) -> None:
+            db.execute(
+                "INSERT INTO send_log (case_key, recipient, at) VALUES (?, ?, ?)",
+                (f"case-{n}", secrets.token_hex(4000), float(n)),
+            )
+
+        n = 0
+        while written < 24 * limit:
+            store.write_sync(functools.partial(insert, n=n))
+            n += 1
+            written += 8000
+            largest = max(largest, wal.stat().st_size)
+    # Without the restart the WAL would hold everything written (24 MiB and more).
+    assert largest < 12 * limit, (largest, written)

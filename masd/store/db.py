@@ -375,9 +375,18 @@ def _in_event_loop() -> bool:
 class Store:
     """The masd database: see the module docstring for the write/read model."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(
+        self,
+        path: Path,
+        conn: sqlite3.Connection,
+        *,
+        wal_limit_bytes: int = WAL_LIMIT_BYTES,
+        checkpoint_seconds: float = CHECKPOINT_SECONDS,
+    ) -> None:
         # Use Store.open(); this only wires an already migrated connection.
         self._path = path
+        self._wal_limit = wal_limit_bytes
+        self._checkpoint_seconds = checkpoint_seconds
         self._conn = conn
         self._db = _database(conn)
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
@@ -387,7 +396,7 @@ class Store:
         self._stats = StoreStats()
         self._stats_lock = threading.Lock()
         conn.execute("PRAGMA wal_autocheckpoint=0")
-        conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+        conn.execute(f"PRAGMA journal_size_limit={int(wal_limit_bytes)}")
         conn.set_authorizer(self._authorize)
         self._checkpoint_conn = _connect(path)
         self._checkpoint_stop = threading.Event()
@@ -402,10 +411,19 @@ class Store:
         self._thread.start()
 
     @classmethod
-    def open(cls, path: str | Path, *, migrate: bool = True) -> Store:
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        migrate: bool = True,
+        wal_limit_bytes: int = WAL_LIMIT_BYTES,
+        checkpoint_seconds: float = CHECKPOINT_SECONDS,
+    ) -> Store:
         """Open (creating the file, never its directory) and check or migrate the schema.
 
-        With ``migrate=False`` the schema must already be current.
+        With ``migrate=False`` the schema must already be current.  The WAL is
+        started over once it holds more than ``wal_limit_bytes``; the
+        checkpointer looks every ``checkpoint_seconds``.
         """
         p = Path(path)
         conn = _connect(p)
@@ -420,7 +438,9 @@ class Store:
                         f"store {p} is at schema version {current}, this masd needs "
                         f"{MIGRATIONS[-1].version}: pending migrations {pending}"
                     )
-            return cls(p, conn)
+            return cls(
+                p, conn, wal_limit_bytes=wal_limit_bytes, checkpoint_seconds=checkpoint_seconds
+            )
         except BaseException:
             conn.close()
             raise
@@ -667,15 +687,18 @@ class Store:
 
     def _checkpoints(self) -> None:
         """Copy the WAL into the database beside the writer (see the module docstring)."""
-        wal = Path(f"{self._path}-wal")
-        while not self._checkpoint_stop.wait(CHECKPOINT_SECONDS):
+        conn = self._checkpoint_conn
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        while not self._checkpoint_stop.wait(self._checkpoint_seconds):
             try:
-                # Under steady writes a PASSIVE checkpoint never lets the WAL
-                # start over, so it only grows; past the limit a RESTART
-                # checkpoint (waiting briefly for the writer) resets it.
-                large = wal.exists() and wal.stat().st_size > WAL_LIMIT_BYTES
-                mode = "RESTART" if large else "PASSIVE"
-                self._checkpoint_conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
+                # PASSIVE copies what it can without holding anyone up.  Under
+                # steady writes the log never catches up, so SQLite never
+                # starts it over and it only grows: past the limit a RESTART
+                # follows, which holds the writer while it runs but, right
+                # after the PASSIVE one, has only the last frames to copy.
+                _busy, frames, _done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                if frames * page_size > self._wal_limit:
+                    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
             except (sqlite3.Error, OSError):
                 # Busy or failing now; the WAL keeps everything and the next
                 # round tries again (the last connection to close checkpoints too).
