@@ -34,11 +34,14 @@ Reads run on a small pool of threads, each with its own connection
 (``query_only``), inside one read transaction per call, so a read sees one
 consistent snapshot and never waits for the writer (WAL).
 
-Checkpoints.  The writer never checkpoints (``wal_autocheckpoint=0``): a
+Checkpoints.  A commit never checkpoints (``wal_autocheckpoint=0``): a
 checkpoint copies the WAL into the database file and syncs it, and done by
 the committing connection it would hold every caller of that batch.  A
 checkpointer thread with its own connection runs a ``PASSIVE`` checkpoint
-every :data:`CHECKPOINT_SECONDS`, beside the writer.
+every :data:`CHECKPOINT_SECONDS`, beside the writer.  Under steady writes
+such a checkpoint never catches up, SQLite never starts the log over, and it
+would grow without end; once it holds more than :data:`WAL_LIMIT_BYTES` the
+writer runs a ``RESTART`` checkpoint between two batches.
 """
 
 from __future__ import annotations
@@ -400,6 +403,7 @@ class Store:
         conn.set_authorizer(self._authorize)
         self._checkpoint_conn = _connect(path)
         self._checkpoint_stop = threading.Event()
+        self._restart_wal = threading.Event()  # the checkpointer asks the writer
         self._checkpointer = threading.Thread(
             target=self._checkpoints, name="masd-checkpoint", daemon=True
         )
@@ -541,6 +545,12 @@ class Store:
                 for job in batch:
                     with contextlib.suppress(Exception):
                         job.settle(_Outcome(error=err))
+            if self._restart_wal.is_set():
+                self._restart_wal.clear()
+                # Between batches the writer holds no transaction, so the
+                # RESTART waits for no writer, only for readers to move on.
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
 
     def _run_batch(self, batch: list[_Job]) -> None:
         outcomes: list[_Outcome] = []
@@ -693,12 +703,13 @@ class Store:
             try:
                 # PASSIVE copies what it can without holding anyone up.  Under
                 # steady writes the log never catches up, so SQLite never
-                # starts it over and it only grows: past the limit a RESTART
-                # follows, which holds the writer while it runs but, right
-                # after the PASSIVE one, has only the last frames to copy.
+                # starts it over and it only grows: past the limit the writer
+                # runs a RESTART between two batches (from here it would wait
+                # for a gap between commits that may never come), which right
+                # after this PASSIVE one has only the last frames to copy.
                 _busy, frames, _done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 if frames * page_size > self._wal_limit:
-                    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                    self._restart_wal.set()
             except (sqlite3.Error, OSError):
                 # Busy or failing now; the WAL keeps everything and the next
                 # round tries again (the last connection to close checkpoints too).
