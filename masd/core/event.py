@@ -31,7 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import getaddresses
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from masd.core.errors import EventError
@@ -440,10 +440,65 @@ def _split_entity(data: bytes) -> tuple[list[tuple[str, str]], bytes]:
     a continuation starts the body (as the stdlib parser does), and an mbox
     ``From `` line at the very top is skipped.
     """
-    headers: list[tuple[str, str]] = []
     if data.startswith(b"From "):
         nl = data.find(b"\n")
         data = data[nl + 1 :] if nl >= 0 else b""
+    simple = _split_simple(data)
+    if simple is not None:
+        return simple
+    return _split_lines(data)
+
+
+# The end of a header block: the line break before the first empty line.
+_BLOCK_END = re.compile(rb"\n\r?\n")
+# A CR that does not end a line.
+_LONE_CR = re.compile(r"\r(?!\n)")
+# One line of a decoded header block with its line breaks as LF only: a
+# header field (name, then its value up to the end of its last continuation
+# line, the inner LFs still in it), or else (group 3) any other line.
+_FIELD = re.compile(r"([\x21-\x39\x3b-\x7e]+)[ \t]*:([^\n]*(?:\n[ \t][^\n]*)*)\n|([^\n]*\n)")
+
+
+def _split_simple(data: bytes) -> tuple[list[tuple[str, str]], bytes] | None:
+    """``_split_lines`` for the common entity, in a few C-level passes; else None.
+
+    It answers only when the headers end at an empty line, every line above
+    it is a header or a continuation, the block is valid UTF-8 (ASCII
+    included) and every CR in it ends a line.  Then it reads the same
+    fields: ``_split_lines`` drops one CR at the end of each line, here all
+    CRs go at once (each one ends a line); ``_FIELD`` takes exactly the
+    lines ``_split_lines`` joins into one field (a name line as
+    ``_HEADER_NAME`` reads it, then the lines starting with SP or HTAB); the
+    line breaks are dropped and SP/HTAB stripped as in ``_header_pair``.
+    Decoding the whole block at once equals decoding each value, since valid
+    UTF-8 cut at ASCII line breaks stays valid (and ``_scrub`` has nothing to
+    do).  None (no empty line, a line that is not a header, 8-bit or
+    malformed headers, a lone CR) means "ask ``_split_lines``".
+    """
+    end = _BLOCK_END.search(data)
+    if end is None:
+        return None
+    try:
+        text = data[: end.start() + 1].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if "\r" in text:
+        if _LONE_CR.search(text) is not None:
+            return None
+        text = text.replace("\r", "")
+    headers: list[tuple[str, str]] = []
+    for name, value, other in _FIELD.findall(text):
+        if other:
+            return None  # not a header: _split_lines starts the body early
+        if "\n" in value:
+            value = value.replace("\n", "")
+        headers.append((name, value.strip(" \t")))
+    return headers, data[end.end() :]
+
+
+def _split_lines(data: bytes) -> tuple[list[tuple[str, str]], bytes]:
+    """``_split_entity`` line by line, for any bytes at all."""
+    headers: list[tuple[str, str]] = []
     pos = 0
     n = len(data)
     name = b""
@@ -486,6 +541,8 @@ def parse_headers(raw: bytes) -> list[tuple[str, str]]:
 
 def _one_line(value: str) -> str:
     """A header-derived field: no CR, LF, NUL or other control characters."""
+    if value.isprintable():  # no Cc character at all, so nothing to replace
+        return value.strip()
     return _CONTROL.sub(" ", value).strip()
 
 
@@ -501,8 +558,25 @@ _SECTION = re.compile(r"([^*]+)(?:\*(\d{1,3}))?(\*)?")
 _QUOTED_PAIR = re.compile(r"\\(.)")
 
 
-def _params(value: str) -> tuple[str, dict[str, str]]:
+def _params(value: str) -> tuple[str, Mapping[str, str]]:
     """(lowercase main value, parameters) of Content-Type / Content-Disposition.
+
+    Short values are cached (``text/plain; charset=utf-8`` repeats from
+    message to message): the answer depends on the value alone, and callers
+    only read the mapping.
+    """
+    if len(value) <= 256:
+        return _params_cached(value)
+    return _read_params(value)
+
+
+@lru_cache(maxsize=1024)
+def _params_cached(value: str) -> tuple[str, Mapping[str, str]]:
+    return _read_params(value)
+
+
+def _read_params(value: str) -> tuple[str, Mapping[str, str]]:
+    """``_params`` uncached.
 
     RFC 2231 extended parameters (``name*=charset'lang'%xx``) and
     continuations (``name*0``, ``name*1*``) are joined and decoded; an
@@ -545,8 +619,9 @@ def _params(value: str) -> tuple[str, dict[str, str]]:
 # MIME structure
 
 
-@dataclass(frozen=True)
-class _Leaf:
+class _Leaf(NamedTuple):
+    """One leaf part (a tuple: built once per part on the hot path)."""
+
     content_type: str
     charset: str | None
     disposition: str
@@ -566,14 +641,18 @@ class _Leaf:
         return self.disposition == "attachment" or self.filename is not None
 
 
-def _first(headers: Sequence[tuple[str, str]], lname: str) -> str | None:
+def _first_of(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Each lowercase header name's first value (what a top-down search finds)."""
+    first: dict[str, str] = {}
     for name, value in headers:
-        if name.lower() == lname:
-            return value
-    return None
+        first.setdefault(name.lower(), value)
+    return first
 
 
-def _leaves(headers: list[tuple[str, str]], body: bytes) -> Iterator[_Leaf]:
+_NO_PARAMS: Mapping[str, str] = {}
+
+
+def _leaves(first: Mapping[str, str], body: bytes) -> Iterator[_Leaf]:
     """The leaf parts of a message in document order, iteratively.
 
     RFC 2045 §5.2: a missing or unparseable Content-Type means text/plain;
@@ -583,52 +662,81 @@ def _leaves(headers: list[tuple[str, str]], body: bytes) -> Iterator[_Leaf]:
     part at the end of the entity (RFC 2046 §5.1.1 asks for one; mail
     without it is common enough).
     """
-    stack: list[tuple[list[tuple[str, str]], bytes, int]] = [(headers, body, 0)]
+    # ``first`` is the entity's _first_of map, built once per entity.
+    stack: list[tuple[Mapping[str, str], bytes, int]] = [(first, body, 0)]
     count = 0
     while stack and count < MAX_PARTS:
         hdrs, data, depth = stack.pop()
-        ctype_raw = _first(hdrs, "content-type")
-        ctype, params = _params(ctype_raw) if ctype_raw else ("text/plain", {})
+        ctype_raw = hdrs.get("content-type")
+        ctype, params = _params(ctype_raw) if ctype_raw else ("text/plain", _NO_PARAMS)
         if "/" not in ctype or len(ctype) > MAX_CONTENT_TYPE or not ctype.isascii():
-            ctype, params = "text/plain", {}
+            ctype, params = "text/plain", _NO_PARAMS
         boundary = params.get("boundary", "")
         if ctype.startswith("multipart/"):
             if not boundary:
                 ctype = "text/plain"
             elif depth < MAX_MIME_DEPTH:
                 parts = _split_multipart(data, boundary)
-                stack.extend((*_split_entity(p), depth + 1) for p in reversed(parts))
+                for part in reversed(parts):
+                    part_headers, part_body = _split_entity(part)
+                    stack.append((_first_of(part_headers), part_body, depth + 1))
                 continue
-        disp_raw = _first(hdrs, "content-disposition")
-        disposition, dparams = _params(disp_raw) if disp_raw else ("", {})
+        disp_raw = hdrs.get("content-disposition")
+        disposition, dparams = _params(disp_raw) if disp_raw else ("", _NO_PARAMS)
         filename = dparams.get("filename") or params.get("name")
         if filename is not None:
             filename = _cap(_one_line(decode_words(filename)), MAX_FILENAME) or None
-        cte = _first(hdrs, "content-transfer-encoding")
+        cte = hdrs.get("content-transfer-encoding")
         encoding = strip_comments(cte).strip().lower() if cte else ""
         count += 1
         yield _Leaf(ctype, params.get("charset"), disposition, filename, encoding, data)
 
 
+# What follows "--" boundary on a delimiter line: "--" if it closes, then
+# transport padding to the end of the line (RFC 2046 §5.1.1).
+_DELIMITER_TAIL = re.compile(rb"(--)?[ \t]*\r?(?=\n|\Z)")
+
+
+def _delimiters(data: bytes, boundary: str) -> Iterator[tuple[int, int, bool]]:
+    """(start, end, closes) of each delimiter line, as one regex would find them.
+
+    That regex, ``^--BOUNDARY(--)?[ \\t]*\\r?$`` (MULTILINE), would be
+    compiled anew for every message (boundaries are unique), which costs more
+    than the rest of the parse; instead each occurrence of ``--BOUNDARY`` is
+    checked to start a line and to be followed by ``_DELIMITER_TAIL`` (the
+    rest of that regex, the same backtracking included).  The search goes on
+    after a match's end, or one byte after a miss, as ``finditer`` does.
+    """
+    needle = b"--" + boundary.encode("utf-8", "replace")
+    tail = _DELIMITER_TAIL.match
+    pos = 0
+    while True:
+        start = data.find(needle, pos)
+        if start < 0:
+            return
+        m = tail(data, start + len(needle)) if start == 0 or data[start - 1] == 0x0A else None
+        if m is None:
+            pos = start + 1
+            continue
+        yield start, m.end(), m.group(1) is not None
+        pos = m.end()
+
+
 def _split_multipart(data: bytes, boundary: str) -> list[bytes]:
-    delimiter = re.compile(
-        rb"^--" + re.escape(boundary.encode("utf-8", "replace")) + rb"(--)?[ \t]*\r?$",
-        re.MULTILINE,
-    )
     parts: list[bytes] = []
     start: int | None = None
-    for m in delimiter.finditer(data):
+    for found, found_end, closes in _delimiters(data, boundary):
         if start is not None:
-            end = m.start()
+            end = found
             # The line break before a delimiter belongs to the delimiter.
             if end > start and data[end - 1 : end] == b"\n":
                 end -= 2 if end - 1 > start and data[end - 2 : end - 1] == b"\r" else 1
             parts.append(data[start:end])
             if len(parts) >= MAX_PARTS:
                 return parts
-        if m.group(1):
+        if closes:
             return parts
-        nl = data.find(b"\n", m.end())
+        nl = data.find(b"\n", found_end)
         start = len(data) if nl < 0 else nl + 1
     if start is not None and start <= len(data):
         parts.append(data[start:])
@@ -771,12 +879,22 @@ def _html_to_text(source: str) -> str:
 
 
 def _body_text(leaf: _Leaf) -> str:
-    text = _decode(leaf.decoded(), leaf.charset)
-    if "\r" in text:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _lf(_decode(leaf.decoded(), leaf.charset))
     if leaf.content_type == "text/html":
         text = _html_to_text(text)
     return _cap_utf8(text.replace("\x00", "\ufffd"), MAX_TEXT_BYTES)
+
+
+def _lf(text: str) -> str:
+    """Line breaks as LF: each CRLF, then each other CR, becomes one LF."""
+    if "\r" not in text:
+        return text
+    if _LONE_CR.search(text) is None:
+        # Every CR starts a CRLF (LMTP mail is all CRLF): dropping the CRs
+        # is what the replaces below do, and cheaper (a 2-character replace
+        # is slow in CPython).
+        return text.replace("\r", "")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _cap_utf8(text: str, limit: int) -> str:
@@ -803,14 +921,62 @@ def _address_key(address: str) -> str:
     return f"{local}@{domain_key(domain)}"
 
 
+# The plain From forms, in which email.utils.getaddresses finds exactly one
+# (name, address) pair that can be read off the text (see _plain_from):
+# ``local@domain`` or ``[phrase] <local@domain>``, the phrase being one
+# quoted string or atoms separated by spaces.  Local part and domain are
+# ASCII dot-atoms (RFC 5322 §3.2.3), so the parser keeps them as written.
+_DOT_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+_ADDR_SPEC = rf"{_DOT_ATOM}@{_DOT_ATOM}"
+# An atom of a phrase as the parser reads it, less every whitespace character.
+_PHRASE_ATOM = r'[^\s()<>@,:;"\[\]]+'
+_PLAIN_FROM = re.compile(
+    rf"(?P<bare>{_ADDR_SPEC})"
+    r'|(?:"(?P<quoted>[^"\\\r\n]*)"[ ]*'
+    rf"|(?P<atoms>{_PHRASE_ATOM}(?:[ ]+{_PHRASE_ATOM})*)[ ]*)?"
+    rf"<(?P<angle>{_ADDR_SPEC})>"
+)
+
+
+def _plain_from(value: str) -> tuple[str, str] | None:
+    """``getaddresses([value])``'s one pair for a plain From value, else None.
+
+    Where it answers, the stdlib parser (``email._parseaddr``) reads the same:
+    a bare dot-atom address gives ``("", address)``; before ``<``, a quoted
+    string without backslash or CR is its inner text, and atoms (runs of
+    characters outside its phrase ends ``()<>@,:;"[]`` and whitespace, "."
+    included) are joined with one space; the route-addr is the address as
+    written.  The caller has turned tabs into spaces already.
+    tests/test_event_fast.py checks it against ``getaddresses``.
+    """
+    m = _PLAIN_FROM.fullmatch(value)
+    if m is None:
+        return None
+    bare, quoted, atoms, angle = m.group("bare", "quoted", "atoms", "angle")
+    if bare is not None:
+        return "", bare
+    if quoted is not None:
+        return quoted, angle
+    return (" ".join(atoms.split()) if atoms else ""), angle
+
+
 def _from_fields(values: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
     """(every From address, display name of the first) from the From headers."""
     if not values:
         return (), None
     # The stdlib address parser recurses once per nested comment: values
     # with many comments lose them first (names in comments are rare).
-    values = [strip_comments(v) if v.count("(") > 32 else v for v in values]
-    pairs = getaddresses([v.replace("\t", " ") for v in values])
+    values = [(strip_comments(v) if v.count("(") > 32 else v).replace("\t", " ") for v in values]
+    # getaddresses parses the values joined with ", "; values that are each
+    # one plain address give their pairs in order (a "," after a plain
+    # address only ends it), so the parser is needed only for the others.
+    pairs: list[tuple[str, str]] = []
+    for value in values:
+        pair = _plain_from(value)
+        if pair is None:
+            pairs = getaddresses(values)
+            break
+        pairs.append(pair)
     addresses: list[str] = []
     first_name: str | None = None
     for name, addr in pairs:
@@ -883,13 +1049,18 @@ def build_event(
 
     from_addresses, from_name = _from_fields(from_values)
     envelope_from = _envelope(mail_from)
-    auth = read_auth(headers, from_addresses, trust)
-    automation = read_automation(headers, envelope_from)
+    # read_auth reads only Received and Authentication-Results headers, and
+    # read_automation only Auto-Submitted and Precedence: a message with
+    # none of them (the common plain mail) gives what an empty list gives.
+    auth_headers = headers if "received" in first or "authentication-results" in first else ()
+    auth = read_auth(auth_headers, from_addresses, trust)
+    auto_headers = headers if "auto-submitted" in first or "precedence" in first else ()
+    automation = read_automation(auto_headers, envelope_from)
 
     text = ""
     body_leaf: _Leaf | None = None
     html_leaf: _Leaf | None = None
-    leaves = list(_leaves(headers, body))
+    leaves = list(_leaves(first, body))
     for leaf in leaves:
         if leaf.attachment_like:
             continue

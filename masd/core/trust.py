@@ -128,6 +128,12 @@ class Automation:
 # small parsers
 
 
+#: One comment holding no other comment (no "(" inside).
+_FLAT_COMMENT = re.compile(r"\([^()]*\)")
+#: A flat comment or a ";" outside one (split_resinfo's fast path).
+_COMMENT_OR_SEMI = re.compile(r"\([^()]*\)|;")
+
+
 def strip_comments(value: str) -> str:
     """Remove RFC 5322 comments ``( ... )`` (nested, with quoted-pairs).
 
@@ -136,6 +142,19 @@ def strip_comments(value: str) -> str:
     """
     if "(" not in value:
         return value
+    if '"' not in value and "\\" not in value:
+        # Without quotes and quoted-pairs, a comment holding no "(" is just
+        # "(" ... the first ")" (what the loop below reads), so flat comments
+        # can go in one C-level pass.  A "(" left over belongs to a nested or
+        # unclosed comment: the loop reads those.
+        flat = _FLAT_COMMENT.sub(" ", value)
+        if "(" not in flat:
+            return flat
+    return _strip_comments_scan(value)
+
+
+def _strip_comments_scan(value: str) -> str:
+    """strip_comments for any value, one character at a time."""
     out: list[str] = []
     depth = 0
     quoted = False
@@ -236,6 +255,25 @@ def split_resinfo(value: str) -> list[str]:
     The first piece holds the authserv-id (and version), each further piece
     one resinfo (RFC 8601 §2.2).
     """
+    if '"' not in value and "\\" not in value:
+        # As in strip_comments: with no quotes, no quoted-pairs and only flat
+        # comments, a ";" is top-level unless a flat comment holds it.
+        if "(" not in value:
+            return value.split(";")
+        if "(" not in _FLAT_COMMENT.sub("", value):
+            found: list[str] = []
+            begin = 0
+            for m in _COMMENT_OR_SEMI.finditer(value):
+                if m.group() == ";":
+                    found.append(value[begin : m.start()])
+                    begin = m.end()
+            found.append(value[begin:])
+            return found
+    return _split_resinfo_scan(value)
+
+
+def _split_resinfo_scan(value: str) -> list[str]:
+    """split_resinfo for any value, one character at a time."""
     pieces: list[str] = []
     depth = 0
     quoted = False
