@@ -10,6 +10,8 @@ CHANGES is a comma list (``bench.run --masd-variant`` passes it on):
 - ``quiet-mail-log``: aiosmtpd's ``mail.log`` logger at WARNING (at INFO it
   writes about eight lines per LMTP transaction);
 
+- ``log-level=LEVEL``: ``masd serve --log-level LEVEL`` (what the lines
+  masd writes per delivery and per status cost);
 - ``sqlite-cache=MB``: every store connection gets ``PRAGMA cache_size`` of MB
   mebibytes and ``PRAGMA mmap_size`` of four times that (SQLite's default
   cache is 2 MB, so a large store is read back through ``pread`` calls).
@@ -51,6 +53,9 @@ def _sqlite_cache(megabytes: int) -> None:
     db._connect = bigger
 
 
+_EXTRA_ARGS: list[str] = []
+
+
 def apply(changes: str) -> None:
     for change in filter(None, (c.strip() for c in changes.split(","))):
         name, _, value = change.partition("=")
@@ -58,6 +63,8 @@ def apply(changes: str) -> None:
             sys.setswitchinterval(float(value))
         elif name == "quiet-mail-log":
             _quiet_mail_log()
+        elif name == "log-level":
+            _EXTRA_ARGS.extend(["--log-level", value])
         elif name == "sqlite-cache":
             _sqlite_cache(int(value))
         else:
@@ -71,7 +78,7 @@ def main() -> None:
     apply(args[0])
     from masd.cli import main as masd_main
 
-    sys.argv = ["masd", *args[2:]]
+    sys.argv = ["masd", *args[2:], *_EXTRA_ARGS]
     masd_main()
 
 
