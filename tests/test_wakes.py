@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from support.masd_process import mx_mail
 from support.outbox import CALLBACK_TOKEN as OUTBOX_CALLBACK_TOKEN
-from support.outbox import deliver, inbound, make_env, query
+from support.outbox import deliver, eventually, inbound, make_env, query
 
 from masd import lmtpclient, service
 from masd.app import App
@@ -148,21 +148,6 @@ async def running(tmp_path: Path) -> AsyncIterator[Masd]:
         await sink.close()
 
 
-async def until(check: Callable[[], Any], what: str) -> None:
-    """Poll ``check`` (sync or async) until it is true; fail after WAIT seconds."""
-    try:
-        async with asyncio.timeout(WAIT):
-            while True:
-                value = check()
-                if asyncio.iscoroutine(value):
-                    value = await value
-                if value:
-                    return
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"still waiting for {what}") from None
-
-
 def run(tmp_path: Path, body: Callable[[Masd], Any]) -> None:
     async def main() -> None:
         async with running(tmp_path) as masd:
@@ -181,7 +166,7 @@ def test_a_sooner_deadline_wakes_the_timer_sleeping_until_a_later_one(tmp_path: 
     async def body(masd: Masd) -> None:
         timer = masd.app.timer
         await masd.mail("ticket!chat@help.example")  # a deadline 4 h from now
-        await until(lambda: timer.sleeps_until == START + 4 * HOUR, "the timer to sleep 4 h")
+        await eventually(lambda: timer.sleeps_until == START + 4 * HOUR, "the timer to sleep 4 h")
         wakes = await masd.counter("masd_timer_wakes_total")
         await masd.mail("ticket!callback@help.example")  # 1 h: sooner
         assert await masd.counter("masd_timer_wakes_total") == wakes + 1
@@ -190,7 +175,7 @@ def test_a_sooner_deadline_wakes_the_timer_sleeping_until_a_later_one(tmp_path: 
         async def callback_timed_out() -> bool:
             return (await handoffs(masd))["callback"][1] == "timed-out"
 
-        await until(callback_timed_out, "the callback handoff to time out")
+        await eventually(callback_timed_out, "the callback handoff to time out")
         assert (await handoffs(masd))["chat"][1] == "requested"
         assert await masd.counter("masd_deadlines_fired_total") == 1
         assert timer.sleeps_until == START + 4 * HOUR
@@ -202,7 +187,7 @@ def test_a_later_deadline_leaves_the_timer_asleep(tmp_path: Path) -> None:
     async def body(masd: Masd) -> None:
         timer = masd.app.timer
         await masd.mail("ticket!callback@help.example")  # 1 h
-        await until(lambda: timer.sleeps_until == START + HOUR, "the timer to sleep 1 h")
+        await eventually(lambda: timer.sleeps_until == START + HOUR, "the timer to sleep 1 h")
         wakes = await masd.counter("masd_timer_wakes_total")
         await masd.mail("ticket!chat@help.example")  # 4 h: after the one it waits for
         assert await masd.counter("masd_timer_wakes_total") == wakes
@@ -212,9 +197,9 @@ def test_a_later_deadline_leaves_the_timer_asleep(tmp_path: Path) -> None:
         async def callback_timed_out() -> bool:
             return (await handoffs(masd))["callback"][1] == "timed-out"
 
-        await until(callback_timed_out, "the callback handoff to time out")
+        await eventually(callback_timed_out, "the callback handoff to time out")
         # Having fired, the timer found the later deadline by itself.
-        await until(lambda: timer.sleeps_until == START + 4 * HOUR, "the timer to sleep 4 h")
+        await eventually(lambda: timer.sleeps_until == START + 4 * HOUR, "the timer to sleep 4 h")
 
     run(tmp_path, body)
 
