@@ -30,7 +30,7 @@ from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
 from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
 from masd.metrics import Metrics
-from masd.service import CommitListener, Runtime, Wakes, purge
+from masd.service import PURGE_BATCH, CommitListener, Runtime, Wakes, purge
 from masd.store import Store
 
 log = logging.getLogger("masd.app")
@@ -198,16 +198,26 @@ class App:
 
     async def _housekeeping(self) -> None:
         """Purge expired dedupe, idempotency and delivered outbox rows, hourly."""
-        assert self.store is not None
-        store = self.store
         while True:
             try:
-                removed = await store.write(functools.partial(purge, now=self.clock.now()))
+                removed = await self.purge()
                 if any(removed.values()):
                     log.info("purged %s", " ".join(f"{k}={v}" for k, v in removed.items()))
             except Exception:
                 log.exception("housekeeping failed; trying again later")
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
+
+    async def purge(self) -> dict[str, int]:
+        """Everything expired, one bounded store job after another (service.purge)."""
+        assert self.store is not None
+        now = self.clock.now()
+        total: dict[str, int] = {}
+        while True:
+            removed = await self.store.write(functools.partial(purge, now=now))
+            for table, n in removed.items():
+                total[table] = total.get(table, 0) + n
+            if max(removed.values()) < PURGE_BATCH:
+                return total
 
     async def _drain_lmtp(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1336,8 +1336,15 @@ def _send_mail(
 DONE_OUTBOX_KEPT = 7 * 24 * 3600
 
 
-def purge(db: Database, now: float) -> dict[str, int]:
-    """Forget what no rule needs any more; returns the rows removed per table.
+#: Rows purged per table in one store job: a job holds the writer, so a large
+#: backlog (a store that was offline for days) goes in many short jobs, each
+#: with a small statement journal, with deliveries in between.
+PURGE_BATCH = 1000
+
+
+def purge(db: Database, now: float, limit: int = PURGE_BATCH) -> dict[str, int]:
+    """Forget what no rule needs any more, at most ``limit`` rows per table;
+    returns the rows removed per table (``limit`` for one: call again).
 
     PROFILE §2 keeps delivery dedupe 7 days and PROFILE §6 keeps idempotency
     ids "at least 7 days"; delivered outbox rows go after 7 days.  Cases,
@@ -1345,13 +1352,19 @@ def purge(db: Database, now: float) -> dict[str, int]:
     """
     removed = {
         "deliveries": db.execute(
-            "DELETE FROM deliveries WHERE at < ?", (now - DEDUPE_WINDOW,)
+            "DELETE FROM deliveries WHERE rowid IN "
+            "(SELECT rowid FROM deliveries WHERE at < ? LIMIT ?)",
+            (now - DEDUPE_WINDOW, limit),
         ).rowcount,
         "idempotency": db.execute(
-            "DELETE FROM idempotency WHERE at < ?", (now - IDEMPOTENCY_WINDOW,)
+            "DELETE FROM idempotency WHERE rowid IN "
+            "(SELECT rowid FROM idempotency WHERE at < ? LIMIT ?)",
+            (now - IDEMPOTENCY_WINDOW, limit),
         ).rowcount,
         "outbox": db.execute(
-            "DELETE FROM outbox WHERE state = 'done' AND created_at < ?", (now - DONE_OUTBOX_KEPT,)
+            "DELETE FROM outbox WHERE id IN "
+            "(SELECT id FROM outbox WHERE state = 'done' AND created_at < ? LIMIT ?)",
+            (now - DONE_OUTBOX_KEPT, limit),
         ).rowcount,
     }
     return removed
