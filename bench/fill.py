@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.masd_setup import DOMAIN, MODE_PEER
+from masd.edges.lmtp import new_message_ref
 
 BATCH = 20_000
 
@@ -72,14 +73,18 @@ def fill(
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute("PRAGMA cache_size=-262144")
+        step = min(1.0, 6 * 86400 / max(1, cases))  # seconds between cases
         for chunk in _batches(1, cases):
             conn.execute("BEGIN")
             c_rows, m_rows, d_rows, t_rows, h_rows, s_rows, o_rows = [], [], [], [], [], [], []
             for i in chunk:
                 key = f"ticket=gs-{i}@{DOMAIN}"
                 who = f"p{i}@example.org"
-                at = now - (cases - i)  # one a second, older first
-                ref = f"msg-{secrets.token_hex(16)}"
+                # Older first, all within the dedupe window: a store masd
+                # would not start purging (that is housekeeping's cost, not
+                # a message's).  message_ref as masd makes it (time first).
+                at = now - (cases - i) * step
+                ref = new_message_ref(at)
                 mid = f"<fill.{i}@example.org>"
                 raw = (
                     f"From: <{who}>\r\nTo: <ticket@{DOMAIN}>\r\nDate: Sun, 29 Nov 2026 20:00:00"

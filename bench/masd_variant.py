@@ -12,6 +12,8 @@ CHANGES is a comma list (``bench.run --masd-variant`` passes it on):
 
 - ``log-level=LEVEL``: ``masd serve --log-level LEVEL`` (what the lines
   masd writes per delivery and per status cost);
+- ``temp-store=FILE``: every store connection gets ``PRAGMA temp_store`` of
+  that value (masd sets MEMORY);
 - ``sqlite-cache=MB``: every store connection gets ``PRAGMA cache_size`` of MB
   mebibytes and ``PRAGMA mmap_size`` of four times that (SQLite's default
   cache is 2 MB, so a large store is read back through ``pread`` calls).
@@ -56,6 +58,19 @@ def _sqlite_cache(megabytes: int) -> None:
 _EXTRA_ARGS: list[str] = []
 
 
+def _temp_store(value: str) -> None:
+    from masd.store import db
+
+    connect = db._connect
+
+    def other(path: Any, *, query_only: bool = False) -> Any:
+        conn = connect(path, query_only=query_only)
+        conn.execute(f"PRAGMA temp_store={value}")
+        return conn
+
+    db._connect = other
+
+
 def apply(changes: str) -> None:
     for change in filter(None, (c.strip() for c in changes.split(","))):
         name, _, value = change.partition("=")
@@ -65,6 +80,8 @@ def apply(changes: str) -> None:
             _quiet_mail_log()
         elif name == "log-level":
             _EXTRA_ARGS.extend(["--log-level", value])
+        elif name == "temp-store":
+            _temp_store(value)
         elif name == "sqlite-cache":
             _sqlite_cache(int(value))
         else:
