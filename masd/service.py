@@ -399,8 +399,8 @@ def deliver(
         _create_case(db, case, now)
     _record_message(db, mail, raw, sha256, now, dedupe, case_key=case.key)
     recorded = _Recorded(ev, case.key, opened=opened)
-    _apply_recorded(
-        rt, db, case, [e for e in effects if not isinstance(e, CreateCase)], now, recorded
+    apply(
+        rt, db, case, [e for e in effects if not isinstance(e, CreateCase)], now, recorded=recorded
     )
     return Delivered(ev.message_ref, case.key, wakes=_take_wakes())
 
@@ -417,26 +417,6 @@ class _Recorded:
     case_key: str
     #: the job created the case for this mail, so it is the case's only mail
     opened: bool
-
-
-def _apply_recorded(
-    rt: Runtime,
-    db: Database,
-    case: CaseView,
-    effects: Sequence[Effect],
-    now: float,
-    recorded: _Recorded,
-) -> None:
-    """:func:`apply`, in the same order, with each SendMail told about ``recorded``."""
-    run: list[Effect] = []
-    for effect in effects:
-        if isinstance(effect, SendMail):
-            apply(rt, db, case, run, now)
-            run = []
-            _send_mail(rt, db, case, effect, now, recorded=recorded)
-        else:
-            run.append(effect)
-    apply(rt, db, case, run, now)
 
 
 def _record_message(
@@ -537,7 +517,7 @@ def _deliver_slave(
         transfer=rt.transfer(case.domain, case.type, policy),
         require_dmarc=rt.type_config(case.domain, case.type).require_dmarc_for_handoff,
     )
-    _apply_recorded(rt, db, case, effects, now, _Recorded(ev, case.key, opened=False))
+    apply(rt, db, case, effects, now, recorded=_Recorded(ev, case.key, opened=False))
     return Delivered(ev.message_ref, case.key, wakes=_take_wakes())
 
 
@@ -1032,11 +1012,13 @@ def apply(
     now: float,
     *,
     quiet: bool = False,
+    recorded: _Recorded | None = None,
 ) -> list[str | None]:
     """Carry out the engine's effects on ``case``; returns each SendMail's refusal (or None).
 
     ``quiet``: statuses are not logged here, the caller's line names them
-    (a contract message: :class:`Received` ``.statuses``).
+    (a contract message: :class:`Received` ``.statuses``).  ``recorded``: the
+    mail this job has just recorded, which a send may answer (:class:`_Recorded`).
     """
     refusals: list[str | None] = []
     for effect in effects:
@@ -1068,7 +1050,7 @@ def apply(
         elif isinstance(effect, SendContract):
             _queue_contract(rt, db, case, effect, now)
         elif isinstance(effect, SendMail):
-            refusals.append(_send_mail(rt, db, case, effect, now))
+            refusals.append(_send_mail(rt, db, case, effect, now, recorded=recorded))
         elif isinstance(effect, AbandonRequest):
             _abandon_request(db, case, effect.handoff_id, now)
     return refusals
