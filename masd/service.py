@@ -11,6 +11,7 @@ every outbound mail passes through.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 import logging
@@ -321,7 +322,7 @@ def _take_wakes() -> Wakes:
     return _take_notes()[0]
 
 
-class CommitListener:
+class CommitListener(abc.ABC):
     """Told, on the event loop, what each committed store job gave to do.
 
     Each edge takes an ``on_commit`` callable and calls :func:`committed`
@@ -331,8 +332,9 @@ class CommitListener:
     wakes both (the test clock moved, or nothing says what changed).
     """
 
+    @abc.abstractmethod
     def committed(self, wakes: Wakes) -> None:
-        raise NotImplementedError
+        """A store job committed, having written ``wakes``."""
 
     def __call__(self) -> None:
         self.committed(ALL_WAKES)
