@@ -386,3 +386,26 @@ def test_stop_lets_an_in_flight_send_finish(tmp_path: Path) -> None:
         assert row["state"] == "done"
 
     run(tmp_path, body, peer=FakePeer(slow))
+
+
+def test_outbox_hands_mail_to_its_transport(tmp_path: Path) -> None:
+    """The mail seam: an outbox given a transport sends mail through it, and closes it."""
+    from masd.testing import MemoryMailTransport
+
+    async def body(env: Env) -> None:
+        transport = MemoryMailTransport()
+        raw, _ = inbound(INTAKE)
+        await deliver(env, INTAKE, raw)
+        outbox = Outbox(env.rt, env.store, env.clock, env.metrics, mail=transport)
+        outbox.start()
+        try:
+            (mail,) = await transport.wait_for(1)
+        finally:
+            await outbox.stop()
+        assert mail.domain == "help.example"
+        assert mail.mail_from == CASE
+        assert b"Auto-Submitted: auto-replied" in mail.message
+        assert transport.closed
+        assert env.sink.messages == []
+
+    run(tmp_path, body)

@@ -28,7 +28,8 @@ from sqlite_utils import Database
 
 from masd import service
 from masd.clock import Clock
-from masd.edges.smtp import send_mail
+from masd.edges.mailer import MailTransport, OutboundMail
+from masd.edges.smtp import SmtpTransport
 from masd.metrics import Metrics
 from masd.service import OutboxItem, Runtime
 from masd.store import Store
@@ -67,6 +68,7 @@ class Outbox:
         metrics: Metrics,
         *,
         on_commit: Callable[[], None] | None = None,
+        mail: MailTransport | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
         http_timeout: float = HTTP_TIMEOUT,
         smtp_timeout: float = SMTP_TIMEOUT,
@@ -79,7 +81,13 @@ class Outbox:
         self._on_commit = on_commit
         self._max = max_in_flight
         self._http_timeout = http_timeout
-        self._smtp_timeout = smtp_timeout
+        server = rt.config.server
+        self._mailer: MailTransport = mail or SmtpTransport(
+            server.smtp_relay,
+            hostname=server.hostname,
+            keys={d: c.dkim for d, c in rt.config.domains.items() if c.dkim is not None},
+            timeout=smtp_timeout,
+        )
         self._stop_grace = stop_grace
         self._wake = asyncio.Event()
         self._stopping = False
@@ -124,6 +132,7 @@ class Outbox:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        await self._mailer.close()
 
     # -- the loop ---------------------------------------------------------------
 
@@ -207,18 +216,7 @@ class Outbox:
             domain, message = str(data["domain"]), str(data["message"]).encode("utf-8")
         except (ValueError, KeyError, TypeError) as exc:
             return _Result("failed", f"outbox row {item.id} is not a mail: {exc!r}")
-        server = self._rt.config.server
-        dom = self._rt.config.domains.get(domain)
-        result = await send_mail(
-            server.smtp_relay,
-            mail_from,
-            rcpt_to,
-            message,
-            dkim=dom.dkim if dom else None,
-            domain=domain,
-            hostname=server.hostname,
-            timeout=self._smtp_timeout,
-        )
+        result = await self._mailer.send(OutboundMail(mail_from, rcpt_to, message, domain))
         outcome = {"ok": "done", "permanent": "failed"}.get(result.outcome, "retry")
         return _Result(outcome, result.describe())
 

@@ -15,15 +15,18 @@ import asyncio
 import logging
 import re
 import smtplib
-from dataclasses import dataclass
-from typing import Final, Literal
+from collections.abc import Mapping
+from typing import Final
 
 import dkim as dkimpy
 
 from masd.config import Dkim, TcpListen
 from masd.core.errors import MasdError
+from masd.edges.mailer import OutboundMail, SmtpResult, classify
 
 log = logging.getLogger("masd.smtp")
+
+__all__ = ["DkimSignError", "SmtpResult", "SmtpTransport", "classify", "dkim_sign", "send_mail"]
 
 #: Headers the DKIM signature covers, when the message has them.
 SIGNED_HEADERS: Final = (
@@ -42,39 +45,11 @@ DEFAULT_TIMEOUT: Final = 30.0
 
 _HEADER_NAME = re.compile(rb"^([!-9;-~]+)[ \t]*:", re.MULTILINE)
 
-Outcome = Literal["ok", "temporary", "permanent"]
-
 
 class DkimSignError(MasdError):
     """The message could not be DKIM-signed (bad key or message)."""
 
     code = "dkim-failed"
-
-
-@dataclass(frozen=True)
-class SmtpResult:
-    """What became of one message: the outcome, the relay's reply code and text."""
-
-    outcome: Outcome
-    code: int | None
-    text: str
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == "ok"
-
-    def describe(self) -> str:
-        """One line for logs and ``last_error``: ``SMTP 550 5.1.1 no such user``."""
-        return f"SMTP {self.code} {self.text}" if self.code is not None else self.text
-
-
-def classify(code: int, text: str) -> SmtpResult:
-    """An SMTP reply as an outcome: 2xx ok, 5xx permanent, anything else temporary."""
-    if 200 <= code < 300:
-        return SmtpResult("ok", code, text)
-    if 500 <= code < 600:
-        return SmtpResult("permanent", code, text)
-    return SmtpResult("temporary", code, text)
 
 
 def dkim_sign(message: bytes, key: Dkim, domain: str) -> bytes:
@@ -192,3 +167,36 @@ def _text(reply: bytes | str) -> str:
 
 def _where(relay: TcpListen) -> str:
     return f"[{relay.host}]:{relay.port}" if ":" in relay.host else f"{relay.host}:{relay.port}"
+
+
+class SmtpTransport:
+    """The production :class:`~masd.edges.mailer.MailTransport`: ``server.smtp_relay``.
+
+    ``keys`` maps a domain to its DKIM key; mail of a domain without one goes unsigned.
+    """
+
+    def __init__(
+        self,
+        relay: TcpListen,
+        *,
+        hostname: str,
+        keys: Mapping[str, Dkim],
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        self._relay, self._hostname, self._keys = relay, hostname, dict(keys)
+        self._timeout = timeout
+
+    async def send(self, mail: OutboundMail) -> SmtpResult:
+        return await send_mail(
+            self._relay,
+            mail.mail_from,
+            mail.rcpt_to,
+            mail.message,
+            dkim=self._keys.get(mail.domain),
+            domain=mail.domain,
+            hostname=self._hostname,
+            timeout=self._timeout,
+        )
+
+    async def close(self) -> None:
+        return None
