@@ -168,6 +168,7 @@ class ServerConfig:
     lmtp: Listen
     http: Listen
     policy: Listen | None
+    milter: Listen | None
     public_url: str
     database: Path
     smtp_relay: TcpListen
@@ -178,6 +179,8 @@ class ServerConfig:
     max_message_bytes: int
     retry_for: float
     hostname: str
+    max_lmtp_sessions: int = 100
+    max_http_connections: int = 1000
 
 
 @dataclass(frozen=True)
@@ -668,6 +671,7 @@ _SERVER_KEYS: Final = frozenset(
         "lmtp",
         "http",
         "policy",
+        "milter",
         "public_url",
         "database",
         "smtp_relay",
@@ -678,6 +682,8 @@ _SERVER_KEYS: Final = frozenset(
         "max_message_bytes",
         "retry_for",
         "hostname",
+        "max_lmtp_sessions",
+        "max_http_connections",
     }
 )
 _DOMAIN_KEYS: Final = frozenset({"dkim", "types"})
@@ -751,7 +757,8 @@ def _parse_server(check: _Checker, raw: dict[str, Any]) -> ServerConfig:
     lmtp = listen("lmtp", "unix:/run/masd/lmtp.sock") or UnixListen(Path("/run/masd/lmtp.sock"))
     http = listen("http", "127.0.0.1:8025") or TcpListen("127.0.0.1", 8025)
     policy = listen("policy", None)
-    listeners = [("lmtp", lmtp), ("http", http), ("policy", policy)]
+    milter = listen("milter", None)
+    listeners = [("lmtp", lmtp), ("http", http), ("policy", policy), ("milter", milter)]
     for index, (key, where) in enumerate(listeners):
         for other, there in listeners[:index]:
             if where is not None and where == there:
@@ -839,6 +846,11 @@ def _parse_server(check: _Checker, raw: dict[str, Any]) -> ServerConfig:
     max_bytes = check.get(table, path, "max_message_bytes", int, 26214400)
     if max_bytes <= 0:
         check.error(_join(path, "max_message_bytes"), f"{max_bytes} is not a positive integer")
+    limits = {}
+    for key, default in (("max_lmtp_sessions", 100), ("max_http_connections", 1000)):
+        limits[key] = check.get(table, path, key, int, default)
+        if limits[key] <= 0:
+            check.error(_join(path, key), f"{limits[key]} is not a positive integer")
 
     retry_text = check.get(table, path, "retry_for", str, "3d")
     retry_for = check.duration(_join(path, "retry_for"), retry_text)
@@ -855,6 +867,7 @@ def _parse_server(check: _Checker, raw: dict[str, Any]) -> ServerConfig:
         lmtp=lmtp,
         http=http,
         policy=policy,
+        milter=milter,
         public_url=public_url,
         database=database,
         smtp_relay=smtp_relay,
@@ -865,6 +878,8 @@ def _parse_server(check: _Checker, raw: dict[str, Any]) -> ServerConfig:
         max_message_bytes=max_bytes,
         retry_for=retry_for,
         hostname=hostname,
+        max_lmtp_sessions=limits["max_lmtp_sessions"],
+        max_http_connections=limits["max_http_connections"],
     )
 
 
@@ -1206,6 +1221,7 @@ def format_summary(config: Config) -> str:
         f"lmtp      {server.lmtp}",
         f"http      {server.http}  (public URL {server.public_url})",
         f"policy    {server.policy if server.policy is not None else 'off'}",
+        f"milter    {server.milter if server.milter is not None else 'off'}",
         f"database  {server.database}",
         f"relay     {server.smtp_relay}  hostname {server.hostname}",
         "trusted   authserv-ids "

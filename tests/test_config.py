@@ -235,6 +235,9 @@ def test_defaults(tmp_path: Path) -> None:
     assert server.lmtp == UnixListen(Path("/run/masd/lmtp.sock"))
     assert server.http == TcpListen("127.0.0.1", 8025)
     assert server.policy is None
+    assert server.milter is None
+    assert server.max_lmtp_sessions == 100
+    assert server.max_http_connections == 1000
     assert server.public_url == "http://127.0.0.1:8025"
     assert server.database == Path("/var/lib/masd/masd.db")
     assert server.smtp_relay == TcpListen("127.0.0.1", 25)
@@ -280,6 +283,9 @@ def test_explicit_server_values(secrets_dir: Path) -> None:
             "lmtp": "127.0.0.1:2424",
             "http": "unix:http.sock",
             "policy": "[::1]:10040",
+            "milter": "unix:milter.sock",
+            "max_lmtp_sessions": 7,
+            "max_http_connections": 9,
             "public_url": "https://masd.help.example/base/",
             "database": "db/masd.db",
             "smtp_relay": "relay.example:587",
@@ -293,6 +299,8 @@ def test_explicit_server_values(secrets_dir: Path) -> None:
     assert server.lmtp == TcpListen("127.0.0.1", 2424)
     assert server.http == UnixListen(secrets_dir / "http.sock")
     assert server.policy == TcpListen("::1", 10040)
+    assert server.milter == UnixListen(secrets_dir / "milter.sock")
+    assert (server.max_lmtp_sessions, server.max_http_connections) == (7, 9)
     assert server.public_url == "https://masd.help.example/base"
     assert server.database == secrets_dir / "db/masd.db"
     assert server.smtp_relay == TcpListen("relay.example", 587)
@@ -798,6 +806,20 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         "admin.token",
         f"{EP}.token_file: holds the same secret as server.admin_token_file (the admin secret); "
         "each peer needs its own secret, because the secret is its identity",
+    ),
+]
+
+BAD += [
+    (("server", "max_lmtp_sessions"), 0, "server.max_lmtp_sessions: 0 is not a positive integer"),
+    (
+        ("server", "max_http_connections"),
+        -1,
+        "server.max_http_connections: -1 is not a positive integer",
+    ),
+    (
+        ("server", "milter"),
+        "127.0.0.1:8025",
+        'server.milter: "127.0.0.1:8025" is also server.http',
     ),
 ]
 
