@@ -159,8 +159,13 @@ class Dkim:
 @dataclass(frozen=True)
 class DomainConfig:
     name: str
-    dkim: Dkim | None
+    dkim_keys: tuple[Dkim, ...]
     types: Mapping[str, TypeConfig]
+
+    @property
+    def dkim(self) -> Dkim | None:
+        """The first DKIM key (of one, or of an RSA and an Ed25519 key signing together)."""
+        return self.dkim_keys[0] if self.dkim_keys else None
 
 
 @dataclass(frozen=True)
@@ -892,9 +897,9 @@ def _is_ipv6(text: str) -> bool:
 
 def _parse_domain(check: _Checker, name: str, raw: object, path: str) -> DomainConfig:
     table = check.table(raw, path, _DOMAIN_KEYS)
-    dkim = None
+    dkim: tuple[Dkim, ...] = ()
     if "dkim" in table:
-        dkim = _parse_dkim(check, table["dkim"], _join(path, "dkim"))
+        dkim = _parse_dkim_keys(check, table["dkim"], _join(path, "dkim"))
     types: dict[str, TypeConfig] = {}
     types_path = _join(path, "types")
     if "types" not in table:
@@ -915,13 +920,29 @@ def _parse_domain(check: _Checker, name: str, raw: object, path: str) -> DomainC
         types[type_name] = _parse_type(check, name, type_name, type_raw, type_path)
     if table.get("types") == {}:
         check.error(types_path, "empty: a domain needs at least one type")
-    return DomainConfig(name=name, dkim=dkim, types=MappingProxyType(types))
+    return DomainConfig(name=name, dkim_keys=dkim, types=MappingProxyType(types))
 
 
 _PEM_KEY = re.compile(
     rb"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY-----\s+[A-Za-z0-9+/=\s:,-]+?"
     rb"-----END \1PRIVATE KEY-----"
 )
+
+
+def _parse_dkim_keys(check: _Checker, raw: object, path: str) -> tuple[Dkim, ...]:
+    """One key (a table) or several signing together (an array of tables, e.g. RSA + Ed25519)."""
+    if not isinstance(raw, list):
+        one = _parse_dkim(check, raw, path)
+        return () if one is None else (one,)
+    if not raw:
+        check.error(path, "empty: give one key table, or leave dkim out")
+    keys = [_parse_dkim(check, item, f"{path}[{i}]") for i, item in enumerate(raw)]
+    found = tuple(key for key in keys if key is not None)
+    selectors = [key.selector for key in found]
+    for i, selector in enumerate(selectors):
+        if selector in selectors[:i]:
+            check.error(f"{path}[{i}].selector", f"{_show(selector)} is used twice")
+    return found
 
 
 def _parse_dkim(check: _Checker, raw: object, path: str) -> Dkim | None:
@@ -1234,7 +1255,8 @@ def format_summary(config: Config) -> str:
         f"; delimiter {json.dumps(server.recipient_delimiter)}",
     ]
     for domain in config.domains.values():
-        dkim = f"DKIM selector {domain.dkim.selector}" if domain.dkim else "no DKIM"
+        selectors = ", ".join(key.selector for key in domain.dkim_keys)
+        dkim = f"DKIM selector {selectors}" if selectors else "no DKIM"
         lines.append(f"domain {domain.name} ({dkim})")
         for tc in domain.types.values():
             cap = f"send cap {tc.send_cap.per_case}/case {tc.send_cap.per_recipient_per_day}/day"

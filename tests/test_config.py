@@ -823,6 +823,36 @@ BAD += [
     ),
 ]
 
+BAD += [
+    (
+        ("domains", "help.example", "dkim"),
+        [],
+        'domains."help.example".dkim: empty: give one key table, or leave dkim out',
+    ),
+    (
+        ("domains", "help.example", "dkim"),
+        [{"selector": "a", "key_file": "dkim.key"}, {"selector": "a", "key_file": "dkim.key"}],
+        'domains."help.example".dkim[1].selector: "a" is used twice',
+    ),
+    (
+        ("domains", "help.example", "dkim"),
+        [{"selector": "a", "key_file": "dkim.key"}, "b"],
+        'domains."help.example".dkim[1]: "b" is not a table',
+    ),
+]
+
+
+def test_dkim_keys_sign_together(secrets_dir: Path) -> None:
+    write(secrets_dir / "dkim.key", PEM)
+    keys = [{"selector": "rsa", "key_file": "dkim.key"}, {"selector": "ed", "key_file": "dkim.key"}]
+    domain = parse_config(
+        put(base(), ("domains", "help.example", "dkim"), keys), base_dir=secrets_dir
+    ).domains["help.example"]
+    assert [key.selector for key in domain.dkim_keys] == ["rsa", "ed"]
+    assert domain.dkim == domain.dkim_keys[0]
+    bare = parse_config(base(), base_dir=secrets_dir).domains["help.example"]
+    assert (bare.dkim_keys, bare.dkim) == ((), None)
+
 
 @pytest.mark.parametrize(("keys", "value", "message"), BAD, ids=[m for _, _, m in BAD])
 def test_bad_value_is_named(
