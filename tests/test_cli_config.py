@@ -44,7 +44,7 @@ def break_example(path: Path) -> None:
 
 
 BROKEN_ERRORS = [
-    f"{T}.mdoes: unknown key",
+    f"{T}.mdoes: unknown key, did you mean modes?",
     f'{T}.endpoints.callback.deadline: "2 hours" is not a duration (30s, 15m, 2h, 3d)',
     f'{C}.role: "boss" is not "master" or "slave"',
 ]
@@ -146,3 +146,39 @@ def test_python_dash_m_masd_fails_a_broken_copy(example_copy: Path) -> None:
     assert done.returncode == 1
     assert done.stdout == ""
     assert done.stderr.splitlines() == [*BROKEN_ERRORS, f"masd: 3 errors in {example_copy}"]
+
+
+def test_masd_check_config_suggests_keys_and_names_every_error(example_copy: Path) -> None:
+    """The installed ``masd`` command, as an operator runs it."""
+    text = example_copy.read_text()
+    for old, new in [
+        ("max_message_bytes = 26214400", "max_mesage_bytes = 26214400"),
+        (
+            'trusted_authserv_ids = ["mx.help.example"]',
+            'trusted_authserv_ids = ["mx.test_example!"]',
+        ),
+        ('role = "master"', 'role = "boss"'),
+        ('deadline = "2h"', 'deadline = "2 hours"'),
+    ]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    example_copy.write_text(text)
+    masd_command = Path(sys.executable).with_name("masd")
+    done = subprocess.run(
+        [str(masd_command), "check-config", str(example_copy)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "server.max_mesage_bytes: unknown key, did you mean max_message_bytes?",
+        'server.trusted_authserv_ids[0]: "mx.test_example!" is not an authserv-id: give the host '
+        "name your authenticator writes first in Authentication-Results (letters, digits and "
+        "hyphens in dot-separated labels, as RFC 8601 recommends)",
+        f'{T}.role: "boss" is not "master" or "slave"',
+        f'{T}.endpoints.callback.deadline: "2 hours" is not a duration (30s, 15m, 2h, 3d)',
+        f"masd: 4 errors in {example_copy}",
+    ]

@@ -448,7 +448,9 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
     (
         ("server", "trusted_authserv_ids"),
         ["mx;x"],
-        'server.trusted_authserv_ids[0]: "mx;x" is not an authserv-id',
+        'server.trusted_authserv_ids[0]: "mx;x" is not an authserv-id: give the host name '
+        "your authenticator writes first in Authentication-Results (letters, digits and "
+        "hyphens in dot-separated labels, as RFC 8601 recommends)",
     ),
     (
         ("server", "trusted_authserv_ids"),
@@ -570,7 +572,7 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
     ),
     ((*TICKET, "role"), "boss", f'{T}.role: "boss" is not "master" or "slave"'),
     ((*TICKET, "role"), DELETE, f"{T}.role: missing: a string is required here"),
-    ((*TICKET, "mdoes"), ["x"], f"{T}.mdoes: unknown key"),
+    ((*TICKET, "mdoes"), ["x"], f"{T}.mdoes: unknown key, did you mean modes?"),
     (
         (*TICKET, "require_dmarc_for_handoff"),
         "yes",
@@ -583,7 +585,11 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         {"per_recipient_per_day": -1},
         f"{T}.send_cap.per_recipient_per_day: -1 is not a positive integer",
     ),
-    ((*TICKET, "send_cap"), {"per_day": 1}, f"{T}.send_cap.per_day: unknown key"),
+    (
+        (*TICKET, "send_cap"),
+        {"per_day": 1},
+        f"{T}.send_cap.per_day: unknown key, did you mean per_recipient_per_day?",
+    ),
     ((*TICKET, "send_cap"), 5, f"{T}.send_cap: 5 is not a table"),
     # master-role rules
     (
@@ -731,7 +737,11 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         "nope",
         f'{C}.master.url: "nope" is not an absolute http or https URL',
     ),
-    ((*CASE, "master", "token"), "inline", f"{C}.master.token: unknown key"),
+    (
+        (*CASE, "master", "token"),
+        "inline",
+        f"{C}.master.token: unknown key, did you mean token_file?",
+    ),
     (
         (*CASE, "master", "token_file"),
         "empty.token",
@@ -881,13 +891,14 @@ def test_every_error_is_collected_in_file_order(secrets_dir: Path) -> None:
     data = base()
     put(data, ("server", "retry_for"), "soon")
     put(data, (*TICKET, "role"), "boss")
-    put(data, (*ENDPOINT, "deadline"), "2 hours")  # not reached: the role is unknown
+    put(data, (*ENDPOINT, "deadline"), "2 hours")  # checked though the role is unknown
     put(data, (*CASE, "master", "url"), "ftp://crm/")
     put(data, (*CASE, "webhooks", 0, "fields"), ["ok", "not ok"])
     put(data, (*CASE, "policy", "transfers"), {"webhook": "http://evil.example/"})
     assert errors_of(data, secrets_dir) == [
         'server.retry_for: "soon" is not a duration (30s, 15m, 2h, 3d)',
         f'{T}.role: "boss" is not "master" or "slave"',
+        f'{EP}.deadline: "2 hours" is not a duration (30s, 15m, 2h, 3d)',
         f'{C}.master.url: "ftp://crm/" is not an absolute http or https URL',
         f'{C}.webhooks[0].fields[1]: "not ok" is not a field name (letters, digits, - and _; '
         "up to 64)",

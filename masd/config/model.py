@@ -1,0 +1,172 @@
+"""The loaded configuration: frozen values, secrets kept out of ``repr``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from masd.config.names import normalize_domain
+from masd.core.errors import ConfigError, MasdError
+
+DEFAULT_PATH: Final = Path("/etc/masd/masd.toml")
+
+
+@dataclass(frozen=True)
+class TcpListen:
+    """A TCP address; ``host`` is kept without IPv6 brackets."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class UnixListen:
+    """A unix-domain socket path (absolute once loaded)."""
+
+    path: Path
+
+    def __str__(self) -> str:
+        return f"unix:{self.path}"
+
+
+Listen = TcpListen | UnixListen
+
+
+@dataclass(frozen=True)
+class SendCap:
+    per_case: int = 20
+    per_recipient_per_day: int = 10
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A slave type's default case policy; ``transfers`` is "block" or a webhook URL."""
+
+    autonomous_send: bool = False
+    transfers: str = "block"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The mode endpoint of a master type: where ``handoff.request`` goes."""
+
+    domain: str
+    type: str
+    mode: str
+    url: str
+    token: str = field(repr=False)
+    deadline: float
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MasterPeer:
+    """The outside master of a slave type."""
+
+    domain: str
+    type: str
+    url: str
+    token: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """A place a slave type's transfers policy may point at."""
+
+    domain: str
+    type: str
+    url: str
+    token: str = field(repr=False)
+    fields: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TypeConfig:
+    name: str
+    role: str
+    modes: tuple[str, ...]
+    id_prefix: str
+    acknowledge: bool
+    require_dmarc_for_handoff: bool
+    send_cap: SendCap
+    endpoints: Mapping[str, Endpoint]
+    master: MasterPeer | None
+    policy: Policy
+    webhooks: tuple[Webhook, ...]
+
+
+@dataclass(frozen=True)
+class Dkim:
+    selector: str
+    key_file: Path
+    key: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class DomainConfig:
+    name: str
+    dkim_keys: tuple[Dkim, ...]
+    types: Mapping[str, TypeConfig]
+
+    @property
+    def dkim(self) -> Dkim | None:
+        """The first DKIM key (of one, or of an RSA and an Ed25519 key signing together)."""
+        return self.dkim_keys[0] if self.dkim_keys else None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    lmtp: Listen
+    http: Listen
+    policy: Listen | None
+    milter: Listen | None
+    public_url: str
+    database: Path
+    smtp_relay: TcpListen
+    trusted_authserv_ids: tuple[str, ...]
+    trusted_hosts: tuple[str, ...]
+    admin_token: str | None = field(repr=False)
+    recipient_delimiter: str
+    max_message_bytes: int
+    retry_for: float
+    hostname: str
+    max_lmtp_sessions: int = 100
+    max_http_connections: int = 1000
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerConfig
+    domains: Mapping[str, DomainConfig]
+    source: str
+    warnings: tuple[str, ...]
+
+    def type_for(self, domain: str, type: str) -> TypeConfig | None:
+        """The configured type ``type`` of ``domain`` (both case-insensitive), or None."""
+        # The keys are already normalized (and normalizing is idempotent), so a
+        # domain spelled as a key is that key; only other spellings need IDNA.
+        found = self.domains.get(domain)
+        if found is None:
+            try:
+                found = self.domains.get(normalize_domain(domain))
+            except ValueError:
+                return None
+        return None if found is None else found.types.get(type.lower())
+
+
+class ConfigErrors(MasdError):
+    """Every error found in one configuration; ``errors`` lists them in file order."""
+
+    code = "bad-config"
+
+    def __init__(self, errors: list[ConfigError], *, source: str = "<config>") -> None:
+        self.errors = list(errors)
+        self.source = source
+        count = len(self.errors)
+        lines = "\n".join(str(error) for error in self.errors)
+        super().__init__(f"{source}: {count} error{'s' if count != 1 else ''}\n{lines}")

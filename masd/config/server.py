@@ -1,0 +1,187 @@
+"""``[server]``: listeners, the store, the relay, trust, limits."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from masd.config.checker import Checker
+from masd.config.model import Listen, ServerConfig, TcpListen, UnixListen
+from masd.config.names import ascii_host_name, is_host, is_ipv6, join, show
+
+PATH: Final = "server"
+_SERVER_KEYS: Final = frozenset(
+    {
+        "lmtp",
+        "http",
+        "policy",
+        "milter",
+        "public_url",
+        "database",
+        "smtp_relay",
+        "trusted_authserv_ids",
+        "trusted_hosts",
+        "admin_token_file",
+        "recipient_delimiter",
+        "max_message_bytes",
+        "retry_for",
+        "hostname",
+        "max_lmtp_sessions",
+        "max_http_connections",
+    }
+)
+#: Why an authserv-id must look like a host name (shown with the refusal).
+AUTHSERV_ID_RULE: Final = (
+    "give the host name your authenticator writes first in Authentication-Results "
+    "(letters, digits and hyphens in dot-separated labels, as RFC 8601 recommends)"
+)
+
+
+def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
+    table = check.table(raw, PATH, _SERVER_KEYS)
+    lmtp, http, policy, milter = _listeners(check, table)
+    public_url = _public_url(check, table, http)
+    database_text = check.get(table, PATH, "database", str, "/var/lib/masd/masd.db")
+    if not database_text:
+        check.error(join(PATH, "database"), '"" is not a file name')
+    smtp_relay = _relay(check, table)
+    ids, hosts = _trust(check, table)
+    admin_token = None
+    if "admin_token_file" in table:
+        admin_file = check.get(table, PATH, "admin_token_file", str, None)
+        if admin_file is not None:
+            admin_token = check.secret(join(PATH, "admin_token_file"), admin_file, kind="admin")
+    delimiter = _delimiter(check, table)
+    limits = _limits(check, table)
+    retry_text = check.get(table, PATH, "retry_for", str, "3d")
+    retry_for = check.duration(join(PATH, "retry_for"), retry_text)
+    hostname = check.get(table, PATH, "hostname", str, "localhost")
+    try:
+        hostname = ascii_host_name(hostname)
+    except ValueError:
+        check.error(join(PATH, "hostname"), f"{show(hostname)} is not an ASCII host name")
+    return ServerConfig(
+        lmtp=lmtp,
+        http=http,
+        policy=policy,
+        milter=milter,
+        public_url=public_url,
+        database=check.resolve(database_text or "."),
+        smtp_relay=smtp_relay,
+        trusted_authserv_ids=ids,
+        trusted_hosts=hosts,
+        admin_token=admin_token,
+        recipient_delimiter=delimiter,
+        max_message_bytes=limits["max_message_bytes"],
+        retry_for=retry_for,
+        hostname=hostname,
+        max_lmtp_sessions=limits["max_lmtp_sessions"],
+        max_http_connections=limits["max_http_connections"],
+    )
+
+
+def _listeners(
+    check: Checker, table: Mapping[str, Any]
+) -> tuple[Listen, Listen, Listen | None, Listen | None]:
+    """lmtp, http, policy and milter; no two on one address."""
+
+    def listen(key: str, default: str | None) -> Listen | None:
+        text = check.get(table, PATH, key, str, default)
+        return None if text is None else check.listen(join(PATH, key), text)
+
+    lmtp = listen("lmtp", "unix:/run/masd/lmtp.sock") or UnixListen(Path("/run/masd/lmtp.sock"))
+    http = listen("http", "127.0.0.1:8025") or TcpListen("127.0.0.1", 8025)
+    policy = listen("policy", None)
+    milter = listen("milter", None)
+    listeners = [("lmtp", lmtp), ("http", http), ("policy", policy), ("milter", milter)]
+    for index, (key, where) in enumerate(listeners):
+        for other, there in listeners[:index]:
+            if where is not None and where == there:
+                named, same = (key, other) if key in table else (other, key)
+                check.error(join(PATH, named), f"{show(str(where))} is also server.{same}")
+    return lmtp, http, policy, milter
+
+
+def _public_url(check: Checker, table: Mapping[str, Any], http: Listen) -> str:
+    where = join(PATH, "public_url")
+    if "public_url" in table:
+        public_url = check.url(where, check.get(table, PATH, "public_url", str, "http://x"))
+        if urlsplit(public_url).query:
+            check.error(where, f"{show(public_url)} must not have a query")
+    elif isinstance(http, TcpListen):
+        public_url = f"http://{http}"
+        if http.host in ("0.0.0.0", "::"):  # noqa: S104  (a check, not a bind)
+            check.warn(where, f"defaults to {public_url}, which peers cannot reach; set it")
+    else:
+        check.error(where, "missing: required when server.http is a unix socket")
+        public_url = "http://localhost"
+    return public_url.rstrip("/")
+
+
+def _relay(check: Checker, table: Mapping[str, Any]) -> TcpListen:
+    relay_text = check.get(table, PATH, "smtp_relay", str, "127.0.0.1:25")
+    relay = check.listen(join(PATH, "smtp_relay"), relay_text, min_port=1)
+    if isinstance(relay, UnixListen):
+        check.error(join(PATH, "smtp_relay"), f"{show(relay_text)} is not host:port")
+    return relay if isinstance(relay, TcpListen) else TcpListen("127.0.0.1", 25)
+
+
+def _trust(check: Checker, table: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``trusted_authserv_ids`` and ``trusted_hosts`` (by default the ids)."""
+
+    def authserv_id(item_path: str, text: str) -> str | None:
+        try:
+            return ascii_host_name(text)
+        except ValueError:
+            check.error(item_path, f"{show(text)} is not an authserv-id: {AUTHSERV_ID_RULE}")
+            return None
+
+    ids = check.strings(table, PATH, "trusted_authserv_ids", authserv_id)
+    if not ids:
+        check.warn(
+            join(PATH, "trusted_authserv_ids"),
+            "empty: no Authentication-Results is trusted, so no mail can be authenticated "
+            "and no handoff or reply will be sent (PROFILE §3)",
+        )
+
+    def host(item_path: str, text: str) -> str | None:
+        if not is_host(text) and not is_ipv6(text):
+            check.error(item_path, f"{show(text)} is not a host name")
+            return None
+        return text.lower()
+
+    if "trusted_hosts" not in table:
+        return ids, ids
+    return ids, check.strings(table, PATH, "trusted_hosts", host)
+
+
+def _delimiter(check: Checker, table: Mapping[str, Any]) -> str:
+    delimiter = check.get(table, PATH, "recipient_delimiter", str, "+")
+    where = join(PATH, "recipient_delimiter")
+    if len(delimiter) > 1:
+        check.error(where, f'{show(delimiter)} is not one character or ""')
+    elif delimiter and not 0x21 <= ord(delimiter) <= 0x7E:
+        check.error(where, f"{show(delimiter)} is not a printable ASCII character")
+    elif delimiter and (delimiter.isalnum() or delimiter in '-_.=!@"'):
+        # A delimiter must not be a character a MAS local part can hold (PROFILE §1:
+        # letters, digits, "-", "_", "." in type and id; "=" and "!" separate them).
+        check.error(
+            where, f"{show(delimiter)} cannot be the delimiter: it can appear in a MAS local part"
+        )
+    return delimiter
+
+
+def _limits(check: Checker, table: Mapping[str, Any]) -> dict[str, int]:
+    """The positive integers: message size, LMTP sessions, HTTP connections."""
+    limits = {}
+    for key, default in (
+        ("max_message_bytes", 26214400),
+        ("max_lmtp_sessions", 100),
+        ("max_http_connections", 1000),
+    ):
+        limits[key] = check.get(table, PATH, key, int, default)
+        if limits[key] <= 0:
+            check.error(join(PATH, key), f"{limits[key]} is not a positive integer")
+    return limits
