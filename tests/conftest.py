@@ -1,0 +1,25 @@
+"""masd's test suite: real sockets on loopback, real SQLite files, real system programs.
+
+Some tests drive system programs (Postfix, systemd-analyze, dpkg-deb, pipx,
+smtp-source, ...).  Where one is missing the test is skipped, and its line in
+pytest's summary names the Debian package that would run it
+(``tests/support/system.py`` holds the table; ``.ci/setup.d/*.sh`` install
+them all).
+
+``MASD_REQUIRE_SYSTEM_TESTS=1`` turns each such skip into a failure, so a run
+cannot pass by skipping: ``.ci/run`` sets it.  The header of every run says
+which of the two applies.
+"""
+
+from __future__ import annotations
+
+from support.system import REQUIRE_VARIABLE, system_tests_required
+
+
+def pytest_report_header() -> str:
+    if system_tests_required():
+        return f"system tests: required ({REQUIRE_VARIABLE} is set): a missing program fails"
+    return (
+        "system tests: a missing program skips its test, naming the Debian package "
+        f"({REQUIRE_VARIABLE}=1 fails instead)"
+    )
