@@ -92,11 +92,45 @@ def test_socket_units_name_a_listener_and_start_masd(unit: Path) -> None:
     assert len(values(unit, "Socket", "ListenStream")) == 1
 
 
-def test_lmtp_socket_lies_inside_postfix_chroot() -> None:
-    """Postfix's lmtp client runs chrooted in /var/spool/postfix and must reach it."""
+POSTFIX = ROOT / "packaging" / "postfix"
+#: Debian's Postfix queue directory: where a relative unix:path of an lmtp client points.
+QUEUE_DIRECTORY = "/var/spool/postfix"
+
+
+def test_lmtp_socket_is_where_the_postfix_transport_connects() -> None:
+    """masd_lmtp = unix:private/masd-lmtp is relative to the queue directory (chrooted or
+    not): the socket unit must listen on exactly that path, owned by postfix."""
+    found = re.search(r"^masd_lmtp = unix:(\S+)$", (POSTFIX / "main.cf.snippet").read_text(), re.M)
+    assert found
+    assert not found.group(1).startswith("/")
     path = one(UNITS / "masd-lmtp.socket", "Socket", "ListenStream")
-    assert path.startswith("/var/spool/postfix/private/")
+    assert path == f"{QUEUE_DIRECTORY}/{found.group(1)}"
     assert one(UNITS / "masd-lmtp.socket", "Socket", "SocketUser") == "postfix"
+
+
+def test_every_document_says_the_masd_transport_is_not_chrooted() -> None:
+    """One truth about Postfix's chroot: master.cf.snippet runs the transport with chroot n,
+    and nothing shipped says the client that reaches masd runs chrooted."""
+    line = next(
+        line.split()
+        for line in (POSTFIX / "master.cf.snippet").read_text().splitlines()
+        if line.startswith("masd ")
+    )
+    assert line[:2] == ["masd", "unix"]
+    assert line[4] == "n", "the chroot column"
+    assert line[7] == "lmtp"
+    documents = [
+        ROOT / "README.md",
+        ROOT / "docs" / "operations.md",
+        POSTFIX / "README.md",
+        *UNITS.iterdir(),
+    ]
+    for document in documents:
+        text = " ".join(document.read_text().replace("#", " ").split())
+        assert not re.search(r"lmtp`? client runs chrooted", text), document
+        assert "LMTP socket in Postfix's chroot" not in text, document
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "run outside Postfix's chroot (`n` in the chroot column of master.cf)" in readme
 
 
 # --------------------------------------------------------------------------- systemd-analyze
