@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from support.masd_process import write_master_config
 
@@ -90,3 +94,52 @@ def test_db_migrate_on_a_fresh_path_creates_the_schema(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["db", "migrate", "--config", str(setup.config)])
     assert result.exit_code == 0, result.output
     assert "applied: initial" in result.output
+
+
+@pytest.fixture
+def loose_umask() -> Iterator[None]:
+    """A umask that would leave new files readable by everyone (0644)."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_a_new_store_and_its_backup_are_for_masd_alone(tmp_path: Path, loose_umask: None) -> None:
+    """The store holds every case's mail: masd creates it (and its -wal and -shm files, and a
+    backup) mode 0600 whatever the umask."""
+    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=25)
+    database = load_config(setup.config).server.database
+    assert not database.exists()
+    with Store.open(database) as store:
+        store.write_sync(lambda db: db.execute("SELECT count(*) FROM cases").fetchall())
+        created = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*.db*")}
+    name = database.name
+    assert created == {name: 0o600, f"{name}-wal": 0o600, f"{name}-shm": 0o600}
+    copy = tmp_path / "copy.db"
+    runner = CliRunner()
+    backed = runner.invoke(main, ["db", "backup", "--config", str(setup.config), str(copy)])
+    assert backed.exit_code == 0, backed.output
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+
+
+def test_db_migrate_creates_the_store_mode_0600(tmp_path: Path, loose_umask: None) -> None:
+    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=25)
+    result = CliRunner().invoke(main, ["db", "migrate", "--config", str(setup.config)])
+    assert result.exit_code == 0, result.output
+    database = load_config(setup.config).server.database
+    assert stat.S_IMODE(database.stat().st_mode) == 0o600
+
+
+def test_an_existing_store_keeps_the_mode_the_operator_gave_it(
+    tmp_path: Path, loose_umask: None
+) -> None:
+    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=25)
+    database = load_config(setup.config).server.database
+    with Store.open(database):
+        pass
+    database.chmod(0o640)  # e.g. a group allowed to read backups
+    with Store.open(database):
+        pass
+    assert stat.S_IMODE(database.stat().st_mode) == 0o640

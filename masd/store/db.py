@@ -149,6 +149,18 @@ def _reason(exc: BaseException) -> str:
     return f"{exc} ({name})" if name else str(exc) or type(exc).__name__
 
 
+#: Mode of a store file masd creates (the store, a backup): every case's mail, for
+#: masd's user alone.  SQLite gives the -wal and -shm files the database file's mode.
+FILE_MODE = 0o600
+
+
+def _create_private(path: Path) -> None:
+    """Create ``path`` empty with :data:`FILE_MODE`, unless it exists (SQLite takes an
+    empty file for a new database)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+
+
 def _connect(path: Path, *, query_only: bool = False) -> sqlite3.Connection:
     """Open one connection with masd's PRAGMAs; any failure is a StoreError."""
     if sqlite3.sqlite_version_info < MIN_SQLITE:
@@ -161,6 +173,8 @@ def _connect(path: Path, *, query_only: bool = False) -> sqlite3.Connection:
         raise StoreError(f"cannot open store {path}: directory {parent} does not exist")
     conn: sqlite3.Connection | None = None
     try:
+        if not query_only:
+            _create_private(path)
         conn = sqlite3.connect(
             str(path), isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
         )
@@ -318,6 +332,7 @@ def backup(path: str | Path, dest: str | Path) -> None:
     tmp = dest_path.with_name(f".{dest_path.name}.{os.getpid()}.tmp")
     src = _connect(src_path, query_only=True)
     try:
+        _create_private(tmp)
         dst = sqlite3.connect(str(tmp), isolation_level=None)
         try:
             src.backup(dst)
