@@ -182,6 +182,10 @@ class App:
             return
         self._stopped.set()
         sd_notify("STOPPING=1")
+        await self._close()
+        log.info("stopped")
+
+    async def _close(self) -> None:
         if self.listening is not None:
             if self.listening.policy is not None:
                 await self.listening.policy.close()
@@ -194,7 +198,6 @@ class App:
             await self.timer.stop()
             await self.outbox.stop()
             await asyncio.to_thread(self.store.close)
-        log.info("stopped")
 
     async def _housekeeping(self) -> None:
         """Purge expired dedupe, idempotency and delivered outbox rows, hourly."""
@@ -227,7 +230,13 @@ class App:
 
     async def run(self) -> None:
         """Start, serve until SIGTERM or SIGINT, stop."""
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # A listener could not start (a port in use): close what had
+            # started (the outbox's HTTP client, the store) before reporting.
+            await self._close()
+            raise
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
