@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import stat
+import subprocess
+import sys
 from pathlib import Path
+
+from support.system import require_program
 
 from masd._resources import conformance_file
 
@@ -30,3 +37,63 @@ def test_readme_names_the_two_commands() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo:", makefile, re.M)
     assert re.search(r"^test:", makefile, re.M)
+
+
+def fresh_clone(tmp_path: Path) -> Path:
+    """The Makefile and packaging/ as a clone gets them: git keeps no modes but the
+    executable bit, so every token file is 0644 (umask 022)."""
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "packaging", clone / "packaging")
+    for path in (clone / "packaging").rglob("*"):
+        if path.is_file():
+            path.chmod(0o755 if os.access(path, os.X_OK) else 0o644)
+    shutil.copy2(ROOT / "Makefile", clone / "Makefile")
+    return clone
+
+
+def first_using_masd_command() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Using masd\n\n```sh\n(.*?)```", readme, re.S)
+    assert block is not None
+    command = block.group(1).splitlines()[0].split("#")[0].split()
+    assert command[:2] == [".venv/bin/masd", "check-config"], command
+    return [str(Path(sys.executable).with_name("masd")), *command[1:]]
+
+
+def test_every_make_target_on_the_virtualenv_first_gives_the_example_secrets_0600() -> None:
+    make = require_program("make")
+    for target in ("demo", "test", "conformance"):
+        done = subprocess.run(
+            [make, "--dry-run", "--always-make", "--no-print-directory", "-C", str(ROOT), target],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        lines = done.stdout.splitlines()
+        assert lines[0] == "chmod 600 packaging/secrets-example/*.token", (target, lines)
+
+
+def test_the_first_command_of_using_masd_is_quiet_on_a_fresh_clone(tmp_path: Path) -> None:
+    """README: make demo (or make test), then check-config on the example: a summary and
+    not one warning, while a real secret left readable is still warned about."""
+    make = require_program("make")
+    clone = fresh_clone(tmp_path)
+    token = clone / "packaging" / "secrets-example" / "admin.token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o644
+    command = first_using_masd_command()
+
+    subprocess.run([make, "-C", str(clone), "example-secrets"], timeout=60, check=True)
+    done = subprocess.run(command, cwd=clone, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.startswith("packaging/masd.toml.example: OK\n")
+
+    token.write_text("a-real-secret-0001\n")
+    token.chmod(0o644)
+    done = subprocess.run(command, cwd=clone, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        f"warning: server.admin_token_file: {token} is readable by group or others "
+        "(mode 0644); chmod 600 it\n"
+    )

@@ -33,6 +33,7 @@ DEBIAN_PACKAGES = {
     "dpkg-deb": "dpkg",
     "python3.11": "python3.11-venv",
     "pipx": "pipx",
+    "make": "make",
 }
 
 
