@@ -21,7 +21,12 @@ def main() -> None:
 @main.command("check-config")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 def check_config(file: Path) -> None:
-    """Validate FILE and every secret it names; print a summary, or every error."""
+    """Validate FILE and every secret it names; print a summary, or every error.
+
+    Each error names its key path and the value refused; a misspelt key gets
+    the nearest known key suggested. Warnings (a secret others can read, a
+    mode without endpoint) go to stderr. Exit status 1 on any error.
+    """
     config = _load(file)
     click.echo(format_summary(config))
 

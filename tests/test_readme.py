@@ -97,3 +97,24 @@ def test_the_first_command_of_using_masd_is_quiet_on_a_fresh_clone(tmp_path: Pat
         f"warning: server.admin_token_file: {token} is readable by group or others "
         "(mode 0644); chmod 600 it\n"
     )
+
+
+def test_the_check_config_errors_quoted_in_the_readme_are_masd_s(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"for a misspelt one, for instance\n\n```\n(.*?)```", readme, re.S)
+    assert block is not None
+    shutil.copytree(ROOT / "packaging" / "secrets-example", tmp_path / "secrets-example")
+    for token in (tmp_path / "secrets-example").glob("*.token"):
+        token.chmod(0o600)
+    text = (ROOT / "packaging" / "masd.toml.example").read_text()
+    for old, new in [
+        ("max_message_bytes = 26214400", "max_mesage_bytes = 26214400"),
+        ('role = "master"', 'role = "boss"'),
+        ('deadline = "2h"', 'deadline = "2 hours"'),
+    ]:
+        text = text.replace(old, new)
+    (tmp_path / "masd.toml").write_text(text)
+    command = [str(Path(sys.executable).with_name("masd")), "check-config", "masd.toml"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [*block.group(1).splitlines(), "masd: 3 errors in masd.toml"]
