@@ -2,7 +2,7 @@
 
 Some tests drive system programs (Postfix, systemd-analyze, dpkg-deb, pipx,
 smtp-source, ...).  Where one is missing the test is skipped, and its line in
-pytest's summary names the Debian package that would run it
+pytest's summary names the test and the Debian package that would run it
 (``tests/support/system.py`` holds the table; ``.ci/setup.d/*.sh`` install
 them all).
 
@@ -13,7 +13,14 @@ which of the two applies.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
 from support.system import REQUIRE_VARIABLE, system_tests_required
+
+SUPPORT = Path(__file__).resolve().parent / "support"
 
 
 def pytest_report_header() -> str:
@@ -23,3 +30,18 @@ def pytest_report_header() -> str:
         "system tests: a missing program skips its test, naming the Debian package "
         f"({REQUIRE_VARIABLE}=1 fails instead)"
     )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A skip raised by a helper in support/ is reported at the test it skipped, so the
+    summary line names the test, not the helper."""
+    report = yield
+    if report.skipped and isinstance(report.longrepr, tuple):
+        path, _, reason = report.longrepr
+        if Path(path).resolve().parent == SUPPORT:
+            location, line = item.reportinfo()[:2]
+            report.longrepr = (os.fspath(location), (line or 0) + 1, reason)
+    return report

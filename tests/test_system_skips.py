@@ -72,7 +72,7 @@ def test_the_readme_and_the_header_say_how_skips_work(monkeypatch: pytest.Monkey
 
 
 def test_a_run_without_the_program_prints_the_package_in_its_summary(tmp_path: Path) -> None:
-    """What ``make test`` shows on a machine without pipx: the -ra summary line."""
+    """What ``make test`` shows on a machine without pipx: the -ra summary line, at the test."""
     case = tmp_path / "test_needs_pipx.py"
     case.write_text(
         "from support.system import require_program\n\n"
@@ -84,8 +84,9 @@ def test_a_run_without_the_program_prints_the_package_in_its_summary(tmp_path: P
         "PYTHONPATH": str(TESTS),
         "HOME": os.environ.get("HOME", str(tmp_path)),
     }
+    argv = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider"]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", str(case)],
+        [*argv, "-p", "conftest", str(case)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -94,7 +95,10 @@ def test_a_run_without_the_program_prints_the_package_in_its_summary(tmp_path: P
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "pipx is not installed (Debian: apt-get install pipx)" in done.stdout
+    assert (
+        f"SKIPPED [1] {case.name}:3: pipx is not installed (Debian: apt-get install pipx)"
+        in done.stdout
+    ), done.stdout
     failed = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(case)],
         cwd=tmp_path,
