@@ -36,6 +36,7 @@ from typing import Final
 
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
+from aiohttp.http_exceptions import HttpProcessingError
 from sqlite_utils import Database
 
 from masd import readside, service
@@ -426,12 +427,14 @@ class HttpEdge:
         assert isinstance(self.clock, TestClock)
         if request.method == "POST":
             try:
-                body = await request.json()
+                body = wire.loads(await request.read())
                 seconds = body["advance"]
                 if isinstance(seconds, bool) or not isinstance(seconds, int | float):
                     raise TypeError(seconds)
                 if not 0 <= seconds <= 10 * 365 * 86400:
                     raise ValueError(seconds)
+            except WireError as exc:
+                return refusal(exc.code, exc.detail, status=exc.status)
             except (ValueError, TypeError, KeyError) as exc:
                 return refusal(
                     "invalid-message", f"advance: {exc!s:.80} is not a number of seconds >= 0"
@@ -451,6 +454,24 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
         shown = text if len(text) <= 40 else text[:40] + "…"
         return f'"{shown}" is not an integer from {low} to {high}'
     return int(text)
+
+
+class _ServerLog(logging.Logger):
+    """The HTTP server's own log: a request it cannot parse is the client's
+    fault, one INFO line; anything else keeps its traceback."""
+
+    def exception(
+        self, msg: object, *args: object, exc_info: object = True, **kwargs: object
+    ) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            text = str(msg) % args if args else str(msg)
+            reason = " ".join(str(exc_info).split())
+            log.info("%s: not a valid HTTP request (%s)", text, reason[:300])
+            return
+        log.error(msg, *args, exc_info=exc_info if isinstance(exc_info, BaseException) else True)
+
+
+_SERVER_LOG: Final = _ServerLog("masd.http.server")
 
 
 class HttpListenError(ListenError):
@@ -535,6 +556,7 @@ async def start_http(
         access_log=None,
         shutdown_timeout=10.0,
         keepalive_timeout=limits.keepalive_timeout,
+        logger=_SERVER_LOG,
     )
     await runner.setup()
     assert runner.server is not None
