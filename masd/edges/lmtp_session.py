@@ -37,7 +37,7 @@ import contextlib
 import logging
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AnyStr, Final
 
@@ -169,11 +169,7 @@ def _first_refusal(body: bytes | bytearray, size_limit: int | None) -> Data:
     return Data(too_much=True)
 
 
-async def read_data(
-    reader: asyncio.StreamReader,
-    size_limit: int | None,
-    progress: Callable[[], None] | None = None,
-) -> Data:
+async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Data:
     """Read mail data up to the end-of-data line, in pieces as large as the buffer.
 
     The stream is read as if a CR LF came before it (the DATA command's own
@@ -183,8 +179,7 @@ async def read_data(
     :data:`LINE_LIMIT` octets with its CR LF is ``too_long``, more than
     ``size_limit`` octets ``too_much`` (whichever the data reaches first),
     and refused data is still read to its end but not kept.  A leading dot
-    is removed from each line (RFC 5321 §4.5.2).  ``progress`` is called
-    after each piece read (the session's idle clock starts again).
+    is removed from each line (RFC 5321 §4.5.2).
     """
     body = bytearray(b"\r\n")
     size = 0  # octets read after the leading CR LF
@@ -202,8 +197,6 @@ async def read_data(
                 piece = await reader.read(exc.consumed)
         body += piece
         size += len(piece)
-        if progress is not None:
-            progress()
         ended = body.endswith(_END)
         if refused is None and size_limit and size - 3 > size_limit:
             refused = _first_refusal(body, size_limit)
@@ -271,6 +264,13 @@ class LmtpProtocol(LMTP):
         if self.transport is not None:
             self.transport.close()
 
+    def data_received(self, data: bytes) -> None:
+        # Inside the mail data every octet is progress (RFC 5321 §4.5.3.2.5
+        # times each read); elsewhere only a whole command is.
+        if self._data_open:
+            self._reset_timeout()
+        super().data_received(data)
+
     async def smtp_LHLO(self, arg: str) -> None:
         self._in_lhlo = True
         try:
@@ -306,7 +306,7 @@ class LmtpProtocol(LMTP):
             return
         await self.push("354 End data with <CR><LF>.<CR><LF>")
         try:
-            data = await read_data(self._reader, self.data_size_limit, self._reset_timeout)
+            data = await read_data(self._reader, self.data_size_limit)
         except asyncio.IncompleteReadError as exc:
             # The client closed the connection inside the data: nothing is
             # recorded and nothing answered (its MTA keeps the mail queued).
