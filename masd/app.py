@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from masd.clock import Clock
 from masd.config import Config
-from masd.edges.http import HttpEdge, HttpServer, start_http
+from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler, start_lmtp
 from masd.edges.outbox import Outbox
 from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
@@ -141,10 +141,16 @@ class App:
             hostname=server.hostname,
             max_message_bytes=server.max_message_bytes,
             sock=inherited.get("lmtp"),
+            max_sessions=server.max_lmtp_sessions,
         )
         self.http_edge = HttpEdge(self.rt, store, self.clock, self.metrics, self.wakeup)
         try:
-            http = await start_http(server.http, self.http_edge, sock=inherited.get("http"))
+            http = await start_http(
+                server.http,
+                self.http_edge,
+                sock=inherited.get("http"),
+                limits=HttpLimits(max_connections=server.max_http_connections),
+            )
         except BaseException:
             lmtp.close()
             raise

@@ -385,13 +385,155 @@ def test_store_failure_is_503_and_healthz_follows(tmp_path: Path) -> None:
         key, hid = await r.open_callback_case()
         r.store.close()
         refused(await r.client.get("/healthz"), 503, "unavailable", "store")
-        refused(await post(r, status_message(key, hid, 1, "running")), 503, "unavailable")
+        failed = await post(r, status_message(key, hid, 1, "running"))
+        refused(failed, 503, "unavailable")
+        assert int(failed.headers["retry-after"]) > 0  # PROFILE §6: the same id may come again
         refused(await r.client.get("/metrics"), 503, "unavailable")
         refused(
             await r.client.get(f"/mas/v0.1/cases/{key}", headers=auth(ADMIN)), 503, "unavailable"
         )
         # Refusals before the store still answer.
         refused(await post(r, {}, secret="nope"), 401, "unauthenticated")
+
+    run(tmp_path, body)
+
+
+# ---------------------------------------------------------------------- no 5xx for client input
+
+
+async def raw_exchange(r: Running, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as bytes on a fresh connection; the status, headers and body."""
+    host, port = r.server.addresses[0]
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(":") for line in lines[1:] if line)
+        }
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 10)
+        return status, headers, body
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+def http_request(method: str, path: str, authorization: bytes, body: bytes = b"") -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: masd\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n".encode()
+        + b"Authorization: "
+        + authorization
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+MALFORMED_AUTHORIZATION = [
+    b"Bearer \xff",
+    b"Bearer \xc3\xa9t\xc3\xa9",
+    b"Bearer caf\xe9",
+    b"Bearer",
+    b"Bearer    ",
+    b"bearer a b",
+    b"Basic dXNlcjpwYXNz",
+    b"\xff\xfe",
+    b"Token " + CALLBACK.encode(),
+]
+
+
+@pytest.mark.parametrize("authorization", MALFORMED_AUTHORIZATION)
+def test_a_malformed_authorization_header_is_401_everywhere(
+    tmp_path: Path, authorization: bytes
+) -> None:
+    async def body(r: Running) -> None:
+        message = json.dumps(status_message("k", "h", 1, "running")).encode()
+        for method, path, payload in (
+            ("POST", MESSAGES, message),
+            ("GET", "/mas/v0.1/cases/ticket=gs-1@help.example", b""),
+            ("GET", "/mas/v0.1/cases/ticket=gs-1@help.example/thread", b""),
+        ):
+            status, headers, raw = await raw_exchange(
+                r, http_request(method, path, authorization, payload)
+            )
+            assert status == 401, (method, path, raw)
+            assert json.loads(raw)["error"] == "unauthenticated"
+            assert headers["www-authenticate"].startswith("Bearer")
+
+    run(tmp_path, body)
+
+
+def test_a_control_character_in_a_header_is_400_and_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body(r: Running) -> None:
+        status, _, raw = await raw_exchange(
+            r, http_request("POST", MESSAGES, b"Bearer \x01secret", b"{}")
+        )
+        assert status == 400, raw  # not HTTP (RFC 9110 5.5): the HTTP parser refuses it
+
+    with caplog.at_level(logging.INFO):
+        run(tmp_path, body)
+    (line,) = [r for r in caplog.records if "not a valid HTTP request" in r.getMessage()]
+    assert line.levelno == logging.INFO
+    assert line.exc_info is None
+    assert "Invalid header value char" in line.getMessage()
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"detail": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+#: (JSON text, the field the refusal names, words of the refusal).
+UNKEEPABLE_JSON = [
+    (_nested(33), "detail", "nested deeper than 32"),
+    (_nested(2000), "body", "nested deeper than 32"),
+    (b'{"seq": ' + b"7" * 5000 + b"}", "seq", "outside"),
+    (b'{"seq": 9007199254740993}', "seq", "outside"),
+    (b'{"seq": -9007199254740993}', "seq", "outside"),
+    (b'{"detail": "\\ud800"}', "detail", "unpaired surrogate"),
+    (b'{"detail": "ok \\udc00 then"}', "detail", "unpaired surrogate"),
+    (b'{"body": "a\\u0000b"}', "body", "NUL"),
+    (b'{"case": {"key": "\\udfff"}}', "case.key", "unpaired surrogate"),
+    (b'{"needs": ["phone", "\\ud83d"]}', "needs[1]", "unpaired surrogate"),
+    (b'{"seq": 1, "seq": 2}', "seq", "given twice"),
+    (b'{"case": {"key": "a", "key": "b"}}', "case.key", "given twice"),
+    (b'{"detail": 1e999}', "detail", "too large"),
+    (b'{"detail": NaN}', "body", "not JSON"),
+    (b"\xff\xfe{}", "body", "not UTF-8"),
+]
+
+
+@pytest.mark.parametrize(("raw", "field", "words"), UNKEEPABLE_JSON)
+def test_json_masd_cannot_keep_is_400_naming_the_field(
+    tmp_path: Path, raw: bytes, field: str, words: str
+) -> None:
+    async def body(r: Running) -> None:
+        envelope = b'{"mas_modes_version": "0.1", "type": "handoff.status", "id": "x1", '
+        message = envelope + raw[1:] if raw.startswith(b"{") else raw
+        status, _, answer = await raw_exchange(
+            r, http_request("POST", MESSAGES, f"Bearer {CALLBACK}".encode(), message)
+        )
+        assert status == 400, answer
+        refusal = json.loads(answer)
+        assert refusal["error"] == "invalid-message"
+        assert refusal["detail"].startswith(f"{field}:"), refusal
+        assert words in refusal["detail"]
+
+    run(tmp_path, body)
+
+
+def test_what_masd_can_keep_still_passes(tmp_path: Path) -> None:
+    async def body(r: Running) -> None:
+        key, hid = await r.open_callback_case()
+        bounds = status_message(key, hid, 1, "running", detail="\U0001f600 a \u00e9 b")
+        bounds["extra"] = {"deep": [[[[1, -(2**53), 2**53]]]]}
+        response = await post(r, bounds)
+        assert response.status_code == 200, response.text
 
     run(tmp_path, body)
 

@@ -28,7 +28,6 @@ from masd.config import Config, TcpListen, UnixListen, load_config
 from masd.edges.lmtp import (
     LmtpHandler,
     LmtpListenError,
-    _LmtpProtocol,
     new_message_ref,
     start_lmtp,
 )
@@ -660,11 +659,12 @@ def test_data_sent_in_small_pieces_is_stored_as_sent(tmp_path: Path) -> None:
 
 def test_an_idle_session_is_closed_and_commands_keep_it_open(tmp_path: Path) -> None:
     async def body(rig: Rig) -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: _LmtpProtocol(rig.handler, timeout=1.0, hostname=HOSTNAME, loop=loop),
-            "127.0.0.1",
-            0,
+        server = await start_lmtp(
+            TcpListen("127.0.0.1", 0),
+            rig.handler,
+            hostname=HOSTNAME,
+            max_message_bytes=LIMIT,
+            idle_timeout=1.0,
         )
         try:
             port = server.sockets[0].getsockname()[1]

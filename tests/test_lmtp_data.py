@@ -20,7 +20,7 @@ from aiosmtpd.lmtp import LMTP
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from masd.edges.lmtp import LINE_LIMIT, Data, read_data
+from masd.edges.lmtp_session import LINE_LIMIT, Data, read_data
 
 SIZE_LIMIT = 4000
 NEXT = b"MAIL FROM:<next@example.org>\r\n"

@@ -1,7 +1,7 @@
 """The LMTP edge's fast MAIL/RCPT path reader agrees with aiosmtpd's parser.
 
 ``plain_path`` answers only for the plain ``<local@domain>`` form and must give
-exactly what aiosmtpd's ``SMTP._getaddr`` gives there; everything else goes to
+exactly what aiosmtpd's own path reader gives there; everything else goes to
 aiosmtpd unchanged.  Checked here against aiosmtpd itself, and through a real
 LMTP session.
 """
@@ -14,7 +14,7 @@ from aiosmtpd.smtp import SMTP
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from masd.edges.lmtp import _LmtpProtocol, plain_path
+from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_path
 
 REFERENCE = SMTP(Sink())
 
@@ -62,7 +62,7 @@ NOT_PLAIN = [
 @pytest.mark.parametrize(("arg", "expected"), PLAIN)
 def test_plain_paths(arg: str, expected: tuple[str, str]) -> None:
     assert plain_path(arg) == expected
-    assert REFERENCE._getaddr(arg) == expected
+    assert read_path(REFERENCE, arg) == expected
 
 
 @pytest.mark.parametrize("arg", NOT_PLAIN)
@@ -71,17 +71,17 @@ def test_other_forms_go_to_aiosmtpd(arg: str) -> None:
 
 
 def test_the_edge_still_reads_other_forms_as_aiosmtpd_does() -> None:
-    protocol = _LmtpProtocol.__new__(_LmtpProtocol)
+    protocol = LmtpProtocol.__new__(LmtpProtocol)
     protocol.local_part_limit = 0
     for arg in NOT_PLAIN:
-        assert protocol._getaddr(arg) == REFERENCE._getaddr(arg), arg
+        assert read_path(protocol, arg) == read_path(REFERENCE, arg), arg
 
 
 def test_the_local_part_limit_still_holds() -> None:
-    protocol = _LmtpProtocol.__new__(_LmtpProtocol)
+    protocol = LmtpProtocol.__new__(LmtpProtocol)
     protocol.local_part_limit = 5
-    assert protocol._getaddr("<abcde@example.org>") == ("abcde@example.org", "")
-    assert protocol._getaddr("<abcdef@example.org>") == (None, None)
+    assert read_path(protocol, "<abcde@example.org>") == ("abcde@example.org", "")
+    assert read_path(protocol, "<abcdef@example.org>") == (None, None)
 
 
 # Strings built from the pieces paths are made of, so that many are plain and
@@ -129,7 +129,7 @@ _PIECES = st.sampled_from(
 def test_plain_path_agrees_with_aiosmtpd(arg: str) -> None:
     plain = plain_path(arg)
     if plain is not None:
-        assert plain == REFERENCE._getaddr(arg)
+        assert plain == read_path(REFERENCE, arg)
 
 
 @given(
@@ -142,4 +142,4 @@ def test_plain_path_agrees_with_aiosmtpd(arg: str) -> None:
 def test_every_plain_path_is_read_fast_and_the_same(local: str, domain: str, params: str) -> None:
     arg = f"<{local}@{domain}>{params}"
     assert plain_path(arg) is not None
-    assert plain_path(arg) == REFERENCE._getaddr(arg)
+    assert plain_path(arg) == read_path(REFERENCE, arg)

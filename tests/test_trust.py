@@ -283,6 +283,33 @@ def test_domain_key() -> None:
             "",
             "Auto-Submitted: auto-replied",
         ),
+        # List traffic (RFC 2919, RFC 3834 §2): whatever the list's id.
+        ([("List-Id", "<x.lists.example>")], "a@x.example", "List-Id: <x.lists.example>"),
+        (
+            [("list-id", "Help desk (the (nested) one) <help.lists.example>")],
+            "a@x.example",
+            "List-Id: Help desk <help.lists.example>",
+        ),
+        ([("List-Id", "")], "a@x.example", "List-Id: (empty)"),
+        # The sender's client asks for no automatic answer.
+        ([("X-Auto-Response-Suppress", "All")], "a@x.example", "X-Auto-Response-Suppress: All"),
+        (
+            [("x-auto-response-suppress", "DR, OOF, autoreply")],
+            "a@x.example",
+            "X-Auto-Response-Suppress: AutoReply",
+        ),
+        (
+            [("X-Auto-Response-Suppress", "all,AutoReply")],
+            "a@x.example",
+            "X-Auto-Response-Suppress: All, AutoReply",
+        ),
+        # The reason is the header that decided it, in a fixed order.
+        (
+            [("X-Auto-Response-Suppress", "All"), ("List-Id", "<l.example>")],
+            "a@x.example",
+            "List-Id: <l.example>",
+        ),
+        ([("List-Id", "<l.example>"), ("Precedence", "list")], "", "Precedence: list"),
     ],
 )
 def test_automated(headers: list[tuple[str, str]], mail_from: str, reason: str) -> None:
@@ -297,8 +324,11 @@ def test_automated(headers: list[tuple[str, str]], mail_from: str, reason: str) 
         [("Auto-Submitted", "no")],
         [("Auto-Submitted", "No (written by hand)")],
         [("Precedence", "first-class")],
-        [("List-Id", "<x.lists.example>")],
         [("X-Auto-Submitted", "auto-replied")],
+        [("X-Auto-Response-Suppress", "OOF")],
+        [("X-Auto-Response-Suppress", "DR, RN, NRN")],
+        [("X-Auto-Response-Suppress", "None")],
+        [("List-Unsubscribe", "<mailto:leave@l.example>")],
     ],
 )
 def test_not_automated(headers: list[tuple[str, str]]) -> None:

@@ -36,6 +36,7 @@ from urllib.parse import unquote_to_bytes
 
 from masd.core.errors import EventError
 from masd.core.trust import (
+    AUTOMATION_HEADERS,
     DMARC_RESULTS,
     AuthVerdict,
     Automation,
@@ -1050,11 +1051,11 @@ def build_event(
     from_addresses, from_name = _from_fields(from_values)
     envelope_from = _envelope(mail_from)
     # read_auth reads only Received and Authentication-Results headers, and
-    # read_automation only Auto-Submitted and Precedence: a message with
-    # none of them (the common plain mail) gives what an empty list gives.
+    # read_automation only AUTOMATION_HEADERS: a message with none of them
+    # (the common plain mail) gives what an empty list gives.
     auth_headers = headers if "received" in first or "authentication-results" in first else ()
     auth = read_auth(auth_headers, from_addresses, trust)
-    auto_headers = headers if "auto-submitted" in first or "precedence" in first else ()
+    auto_headers = headers if not AUTOMATION_HEADERS.isdisjoint(first) else ()
     automation = read_automation(auto_headers, envelope_from)
 
     text = ""

@@ -14,7 +14,10 @@ PROFILE §3 (CONTRACT §6, Principle 10) in three rules:
   equals the domain of the single From address (case-insensitive, A-labels).
   A message with several From addresses is not authenticated."
 * **Automated**: "``Auto-Submitted`` present and not ``no``; ``Precedence`` is
-  ``bulk``, ``list`` or ``junk``; null envelope sender ``<>``."
+  ``bulk``, ``list`` or ``junk``; null envelope sender ``<>``", a
+  ``List-Id`` header (list traffic, RFC 2919: RFC 3834 §2 advises no
+  automatic answer to it), or ``X-Auto-Response-Suppress`` naming ``All``
+  or ``AutoReply`` (the sender's client asks for no automatic answer).
 
 Decisions where the profile is silent (each is tested in tests/test_trust.py):
 
@@ -47,11 +50,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final
 
 import authres
 import authres.dmarc
 
 __all__ = [
+    "AUTOMATION_HEADERS",
     "DMARC_RESULTS",
     "MAX_RESINFO",
     "AuthVerdict",
@@ -418,26 +423,48 @@ def _token(value: str) -> str:
     return strip_comments(value).split(";", 1)[0].strip().lower()
 
 
+#: The headers :func:`read_automation` reads (lowercase).  A message with none
+#: of them is automated only for its null sender.
+AUTOMATION_HEADERS: Final = frozenset(
+    {"auto-submitted", "precedence", "list-id", "x-auto-response-suppress"}
+)
+#: ``X-Auto-Response-Suppress`` values that ask for no automatic answer (the
+#: others name out-of-office notices, receipts and the like).
+_SUPPRESS_ANSWERS: Final = frozenset({"all", "autoreply"})
+
+
 def read_automation(headers: Sequence[tuple[str, str]], mail_from: str) -> Automation:
     """Whether the mail is automated (PROFILE §3), and the first reason found.
 
     ``Auto-Submitted`` (RFC 3834 §5) is checked first, then ``Precedence``,
-    then the envelope sender.  An ``Auto-Submitted`` header with an empty
-    value is "present and not no", hence automated.
+    ``List-Id``, ``X-Auto-Response-Suppress``, then the envelope sender.  An
+    ``Auto-Submitted`` header with an empty value is "present and not no",
+    hence automated; a ``List-Id`` is list traffic whatever its value.  The
+    reason names the header that decided it.
     """
-    precedence: str | None = None
+    found: dict[str, str] = {}
     for name, value in headers:
         lname = name.lower()
         if lname == "auto-submitted":
             word = _token(value)
             if word != "no":
                 return Automation(True, f"Auto-Submitted: {word or '(empty)'}"[:256])
-        elif lname == "precedence" and precedence is None:
+        elif lname == "precedence" and "precedence" not in found:
             word = _token(value)
             if word in ("bulk", "list", "junk"):
-                precedence = word
-    if precedence is not None:
-        return Automation(True, f"Precedence: {precedence}")
+                found[lname] = f"Precedence: {word}"
+        elif lname == "list-id" and "list-id" not in found:
+            shown = " ".join(strip_comments(value).split())[:200]
+            found[lname] = f"List-Id: {shown or '(empty)'}"
+        elif lname == "x-auto-response-suppress" and lname not in found:
+            words = {w.strip().lower() for w in value.split(",")}
+            named = sorted(words & _SUPPRESS_ANSWERS)
+            if named:
+                spelled = ", ".join("All" if w == "all" else "AutoReply" for w in named)
+                found[lname] = f"X-Auto-Response-Suppress: {spelled}"
+    for lname in ("precedence", "list-id", "x-auto-response-suppress"):
+        if lname in found:
+            return Automation(True, found[lname])
     if mail_from.strip() in ("", "<>"):
         return Automation(True, "null sender")
     return Automation(False, None)

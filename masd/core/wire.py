@@ -8,7 +8,12 @@ refused").  Encoding builds the exact JSON masd sends.
 The checks run in PROFILE §6's order, split where the edge must step in:
 
 1. :func:`parse_envelope` -- not JSON or no envelope (``invalid-message``),
-   ``unsupported-version``, ``unknown-type``;
+   ``unsupported-version``, ``unknown-type``.  The JSON itself is read by
+   :func:`loads`, which refuses what masd could not keep or send on
+   faithfully: nesting deeper than :data:`MAX_DEPTH`, an integer outside
+   ±2^53 (what every JSON reader holds exactly, RFC 8259 §6), a string with
+   an unpaired surrogate (not Unicode text, RFC 8259 §8.2) or a NUL, a key
+   given twice in one object (RFC 8259 §4: names SHOULD be unique);
 2. the edge checks the peer may send that type (``forbidden``) and looks up
    idempotency by (peer, ``id``);
 3. :func:`decode` -- schema, bounds and the case key (``invalid-message``).
@@ -17,6 +22,7 @@ The checks run in PROFILE §6's order, split where the edge must step in:
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,6 +72,10 @@ MAX_SUBJECT: Final = 998
 MAX_BODY: Final = 200_000
 MAX_URL: Final = 2048
 MAX_SEQ: Final = 2**53 - 1
+#: PROFILE §6: JSON nested deeper than this is refused (the top object is level 1).
+MAX_DEPTH: Final = 32
+#: PROFILE §6: integers outside ±2^53 are refused.
+MAX_INT: Final = 2**53
 
 _ID_RE: Final = re.compile(r"[\x21-\x7e]{1,128}")
 _FIELD_RE: Final = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
@@ -166,12 +176,115 @@ def _bad(detail: str) -> WireError:
     return WireError(detail, code="invalid-message", status=400)
 
 
+class _Duplicated(dict[str, Any]):
+    """An object in which ``key`` was given twice (refused by :func:`_check`)."""
+
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class _BigInt:
+    """An integer literal too long to be within ±2^53 (never converted)."""
+
+    digits: str
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    duplicated = _Duplicated(out)
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            duplicated.key = key
+            break
+        seen.add(key)
+    return duplicated
+
+
+def _int(text: str) -> int | _BigInt:
+    # 2^53 has 16 digits: a longer literal is out of range, and converting a
+    # huge one would cost time (or raise past Python's 4300-digit limit).
+    return int(text) if len(text.lstrip("-")) <= 16 else _BigInt(text)
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def loads(raw: bytes) -> Any:
+    """The JSON value in ``raw`` (UTF-8), within PROFILE §6's bounds.
+
+    ``invalid-message`` names the field at fault: ``body`` for what is not
+    JSON or is nested too deep, else the field's path (``case.key``,
+    ``needs[2]``).
+    """
+    try:
+        text = raw.decode("utf-8")
+        value = json.loads(
+            text, object_pairs_hook=_object, parse_int=_int, parse_constant=_constant
+        )
+    except RecursionError as exc:  # far deeper than MAX_DEPTH
+        raise _bad(f"body: JSON nested deeper than {MAX_DEPTH} levels") from exc
+    except UnicodeDecodeError as exc:
+        raise _bad(f"body: not JSON (not UTF-8: {exc.reason} at byte {exc.start})") from exc
+    except ValueError as exc:
+        raise _bad(f"body: not JSON ({exc})") from exc
+    _check(value, "", 1)
+    return value
+
+
+def _check(value: Any, path: str, depth: int) -> None:
+    """Refuse what :func:`loads` must not return (see its docstring)."""
+    if isinstance(value, str):
+        _check_text(value, path or "body")
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        if not -MAX_INT <= value <= MAX_INT:
+            raise _bad(f"{path or 'body'}: the integer {value} is outside ±2^53")
+    elif isinstance(value, _BigInt):
+        shown = value.digits if len(value.digits) <= 24 else value.digits[:20] + "..."
+        raise _bad(
+            f"{path or 'body'}: the integer {shown} ({len(value.digits)} characters) "
+            "is outside ±2^53"
+        )
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _bad(f"{path or 'body'}: a number too large for a double")
+    elif depth > MAX_DEPTH:
+        top = re.split(r"[.\[]", path, maxsplit=1)[0]  # the message's own field
+        raise _bad(f"{top or 'body'}: JSON nested deeper than {MAX_DEPTH} levels")
+    elif isinstance(value, dict):
+        if isinstance(value, _Duplicated):
+            raise _bad(f"{_field(path, value.key)}: given twice in one object")
+        for key, item in value.items():
+            _check_text(key, f"{_field(path, key)} (the name)")
+            _check(item, _field(path, key), depth + 1)
+    else:
+        for index, item in enumerate(value):
+            _check(item, f"{path or 'body'}[{index}]", depth + 1)
+
+
+def _field(path: str, key: str) -> str:
+    shown = key if _ID_RE.fullmatch(key) and len(key) <= 64 else json.dumps(key[:64])
+    return f"{path}.{shown}" if path else shown
+
+
+def _check_text(text: str, where: str) -> None:
+    if "\x00" in text:
+        raise _bad(f"{where}: a string with a NUL character")
+    if not text.isascii() and _LONE_SURROGATE.search(text):
+        raise _bad(f"{where}: a string with an unpaired surrogate (not Unicode text)")
+
+
 def parse_envelope(raw: bytes) -> Envelope:
     """Check that ``raw`` is a JSON object with a v0.1 envelope of a known type."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _bad(f"body: not JSON ({exc})") from exc
+    body = loads(raw)
     if not isinstance(body, dict):
         raise _bad(f"body: a JSON {type(body).__name__}, not an object")
     for name in ("mas_modes_version", "type", "id"):

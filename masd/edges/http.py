@@ -6,30 +6,47 @@ failure answers: 401 (the body is not read) -> 415 -> 413 -> envelope
 (:func:`masd.service.receive`: idempotency, schema, 404, 403, stale, 409).
 Every answer is JSON; :data:`REPLIES` lists the ones this module gives itself.
 
+Nothing a client sends yields a 5xx: a malformed ``Authorization`` header is
+401, a body :mod:`masd.core.wire` cannot decode is 400.  A 5xx says masd
+itself failed: ``503 unavailable`` with ``Retry-After``, and the same ``id``
+may be sent again.
+
+Limits (PROFILE §6, :class:`HttpLimits`): a request head must arrive within
+10 s of its first byte (or of the connection), an idle keep-alive connection
+is closed after 75 s, and at most ``server.max_http_connections`` are open at
+once; one more is answered 503 as it is accepted and closed
+(:mod:`masd.edges.limits`).
+
 Gauges on ``GET /metrics`` are read from the store at each scrape (they
 survive restarts); see :func:`store_gauges` for what each one counts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 import logging
-import os
+import re
 import socket
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
+from aiohttp.http_exceptions import HttpProcessingError
 from sqlite_utils import Database
 
 from masd import readside, service
 from masd.clock import Clock, TestClock
-from masd.config import Listen, TcpListen
+from masd.config import Listen
 from masd.core import wire
 from masd.core.errors import WireError
 from masd.core.status import MACHINE
+from masd.edges.limits import Gate
+from masd.edges.sockets import ListenError, serve
 from masd.metrics import Metrics
 from masd.peers import Principal
 from masd.service import Runtime
@@ -45,6 +62,15 @@ CLOCK_PATH: Final = "/mas/v0.1/test/clock"
 MAX_BODY: Final = 256 * 1024
 _CHUNK: Final = 64 * 1024
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+#: Seconds a client should wait before sending again after a 503.
+RETRY_AFTER: Final = 5
+#: PROFILE §6: the limits, by default (``server.max_http_connections`` for the cap).
+HEADER_TIMEOUT: Final = 10.0
+KEEPALIVE_TIMEOUT: Final = 75.0
+MAX_CONNECTIONS: Final = 1000
+#: ``Authorization: Bearer <secret>``; a secret is printable ASCII without
+#: spaces (what check-config allows in a token file).
+_BEARER: Final = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +([!-~]+)")
 
 #: The replies this edge gives itself (status by error code).  The rest come
 #: from :mod:`masd.core.wire` and :func:`masd.service.receive` as WireError.
@@ -58,7 +84,6 @@ REPLIES: Final[Mapping[str, int]] = MappingProxyType(
         "not-found": 404,
         "method-not-allowed": 405,
         "expectation-failed": 417,
-        "internal": 500,
         "unavailable": 503,
     }
 )
@@ -74,14 +99,19 @@ def refusal(code: str, detail: str, *, status: int | None = None) -> web.Respons
     response = web.json_response(body, status=status or REPLIES[code])
     if code == "unauthenticated":
         response.headers[hdrs.WWW_AUTHENTICATE] = 'Bearer realm="masd"'
+    elif response.status == 503:
+        response.headers[hdrs.RETRY_AFTER] = str(RETRY_AFTER)
     return response
 
 
 def _bearer(request: web.Request) -> str | None:
-    scheme, _, secret = request.headers.get(hdrs.AUTHORIZATION, "").strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return secret.strip() or None
+    """The secret of ``Authorization: Bearer <secret>``; None when the header is
+    missing or is not that (another scheme, a secret that is not printable ASCII)."""
+    match = _BEARER.fullmatch(request.headers.get(hdrs.AUTHORIZATION, "").strip())
+    return match.group(1) if match else None
+
+
+_NO_BEARER: Final = "Authorization: no Bearer secret of printable ASCII"
 
 
 def _envelope_refs(env: wire.Envelope) -> tuple[object, object]:
@@ -166,7 +196,10 @@ class HttpEdge:
         self.metrics = metrics
         self.on_commit = on_commit
 
-    def app(self) -> web.Application:
+    def app(self, gate: Gate | None = None) -> web.Application:
+        """The application; ``gate`` (the listener's) is told when each request
+        head has been read and when its answer is done."""
+        self._gate = gate
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._json_errors])
         app.router.add_post(MESSAGES_PATH, self._messages, expect_handler=self._expect)
         app.router.add_get("/healthz", self._healthz)
@@ -184,6 +217,9 @@ class HttpEdge:
     @web.middleware
     async def _json_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """JSON for aiohttp's own 404/405 (never its HTML pages) and for faults."""
+        gate, transport = getattr(self, "_gate", None), request.transport
+        if gate is not None:
+            gate.started(transport)
         try:
             return await handler(request)
         except web.HTTPNotFound:
@@ -195,19 +231,23 @@ class HttpEdge:
             response.headers[hdrs.ALLOW] = exc.headers.get(hdrs.ALLOW, "")
             return response
         except web.HTTPException as exc:
-            code = "too-large" if exc.status == 413 else "invalid-message"
             if exc.status >= 500:
-                code = "internal"
+                log.error("fault method=%s path=%s: %s", request.method, request.path, exc)
+                return refusal("unavailable", "masd failed; retry later (see its log)")
+            code = "too-large" if exc.status == 413 else "invalid-message"
             return refusal(code, f"{exc.reason}: {exc.text or ''}".strip(), status=exc.status)
-        except Exception:  # a fault answers JSON, never a traceback
+        except Exception:  # masd's own fault: JSON and 503, never a traceback
             log.exception("fault method=%s path=%s", request.method, request.path)
-            return refusal("internal", "internal fault; retry later", status=500)
+            return refusal("unavailable", "masd failed; retry later (see its log)")
+        finally:
+            if gate is not None:
+                gate.finished(transport)
 
     def _precheck(self, request: web.Request) -> Principal | web.Response:
         """401 -> 415 -> 413 by Content-Length: what can be decided before the body."""
         secret = _bearer(request)
         if secret is None:
-            return refusal("unauthenticated", "Authorization: no Bearer secret")
+            return refusal("unauthenticated", _NO_BEARER)
         principal = self.rt.directory.authenticate(secret)
         if principal is None:
             return refusal("unauthenticated", "Authorization: the secret matches no peer")
@@ -344,7 +384,7 @@ class HttpEdge:
             )
         secret = _bearer(request)
         if secret is None:
-            return refusal("unauthenticated", "Authorization: no Bearer secret")
+            return refusal("unauthenticated", _NO_BEARER)
         if not hmac.compare_digest(secret.encode(), token.encode()):
             return refusal("unauthenticated", "Authorization: not the admin secret")
         return None
@@ -387,12 +427,14 @@ class HttpEdge:
         assert isinstance(self.clock, TestClock)
         if request.method == "POST":
             try:
-                body = await request.json()
+                body = wire.loads(await request.read())
                 seconds = body["advance"]
                 if isinstance(seconds, bool) or not isinstance(seconds, int | float):
                     raise TypeError(seconds)
                 if not 0 <= seconds <= 10 * 365 * 86400:
                     raise ValueError(seconds)
+            except WireError as exc:
+                return refusal(exc.code, exc.detail, status=exc.status)
             except (ValueError, TypeError, KeyError) as exc:
                 return refusal(
                     "invalid-message", f"advance: {exc!s:.80} is not a number of seconds >= 0"
@@ -414,47 +456,120 @@ def _int_param(request: web.Request, name: str, default: int, low: int, high: in
     return int(text)
 
 
-class HttpServer:
-    """A started listener: ``addresses`` as bound, ``close()`` to stop it."""
+class _ServerLog(logging.Logger):
+    """The HTTP server's own log: a request it cannot parse is the client's
+    fault, one INFO line; anything else keeps its traceback."""
 
-    def __init__(self, runner: web.AppRunner, addresses: list[tuple[str, int] | str]) -> None:
+    def exception(
+        self, msg: object, *args: object, exc_info: object = True, **kwargs: object
+    ) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            text = str(msg) % args if args else str(msg)
+            reason = " ".join(str(exc_info).split())
+            log.info("%s: not a valid HTTP request (%s)", text, reason[:300])
+            return
+        log.error(msg, *args, exc_info=exc_info if isinstance(exc_info, BaseException) else True)
+
+
+_SERVER_LOG: Final = _ServerLog("masd.http.server")
+
+
+class HttpListenError(ListenError):
+    """The HTTP listener cannot start (address in use, a non-socket at the path)."""
+
+    code = "http-listen"
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """PROFILE §6's limits on the HTTP listener (seconds and a count)."""
+
+    max_connections: int = MAX_CONNECTIONS
+    header_timeout: float = HEADER_TIMEOUT
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+
+
+def _over_the_limit(limit: int) -> bytes:
+    """The whole answer to a connection over the limit: 503, then the close."""
+    body = json.dumps(
+        {
+            "ok": False,
+            "error": "unavailable",
+            "detail": f"{limit} connections open (server.max_http_connections); retry later",
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "Content-Type: application/json; charset=utf-8\r\n"
+        f"Retry-After: {RETRY_AFTER}\r\n"
+        "Connection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class HttpServer:
+    """A started listener: ``addresses`` as bound, ``gate`` its counts, ``close()``."""
+
+    def __init__(self, runner: web.AppRunner, server: asyncio.Server, gate: Gate) -> None:
         self._runner = runner
-        self.addresses = addresses
+        self._server = server
+        self.gate = gate
+        self.addresses: list[tuple[str, int] | str] = []
+        for sock in server.sockets:
+            name = sock.getsockname()
+            if isinstance(name, tuple):
+                self.addresses.append((str(name[0]), int(name[1])))
+            else:
+                self.addresses.append(str(name))
 
     async def close(self) -> None:
         """Stop accepting, let requests in flight finish, then close."""
+        self._server.close()
         await self._runner.cleanup()
+        await self._server.wait_closed()
 
 
 async def start_http(
-    listen: Listen, edge: HttpEdge, *, sock: socket.socket | None = None
+    listen: Listen,
+    edge: HttpEdge,
+    *,
+    sock: socket.socket | None = None,
+    limits: HttpLimits = HttpLimits(),
 ) -> HttpServer:
-    """Bind ``listen`` (TCP, port 0 allowed, or a unix socket chmod 0660) and serve.
+    """Bind ``listen`` (TCP, port 0 allowed, or a unix socket, mode 0660 before
+    it accepts anyone) and serve.
 
     ``sock``, an already listening socket (socket activation), is served
     instead of binding ``listen``.
     """
-    runner = web.AppRunner(edge.app(), access_log=None, shutdown_timeout=10.0)
+    gate = Gate(
+        _unset,
+        name="http",
+        limit=limits.max_connections,
+        refusal=_over_the_limit(limits.max_connections),
+        header_timeout=limits.header_timeout,
+        on_refused=lambda: edge.metrics.inc("masd_connections_refused_total", listener="http"),
+    )
+    runner = web.AppRunner(
+        edge.app(gate),
+        access_log=None,
+        shutdown_timeout=10.0,
+        keepalive_timeout=limits.keepalive_timeout,
+        logger=_SERVER_LOG,
+    )
     await runner.setup()
-    site: web.BaseSite
+    assert runner.server is not None
+    gate.factory = runner.server
     try:
-        if sock is not None:
-            site = web.SockSite(runner, sock)
-        elif isinstance(listen, TcpListen):
-            site = web.TCPSite(runner, listen.host, listen.port)
-        else:
-            site = web.UnixSite(runner, str(listen.path))
-        await site.start()
+        server = await serve(gate, listen, sock=sock, error=HttpListenError)
     except BaseException:
         await runner.cleanup()
         raise
-    addresses: list[tuple[str, int] | str] = []
-    for name in runner.addresses:
-        if isinstance(name, tuple):
-            addresses.append((str(name[0]), int(name[1])))
-        else:
-            addresses.append(str(name))
-    if sock is None and not isinstance(listen, TcpListen):
-        os.chmod(listen.path, 0o660)
-    log.info("http listening on %s", ", ".join(str(a) for a in addresses))
-    return HttpServer(runner, addresses)
+    started = HttpServer(runner, server, gate)
+    log.info("http listening on %s", ", ".join(str(a) for a in started.addresses))
+    return started
+
+
+def _unset() -> asyncio.Protocol:
+    raise AssertionError("the HTTP gate is used before the server is set up")

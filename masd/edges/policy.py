@@ -32,9 +32,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from masd.config import Listen, TcpListen, UnixListen
+from masd.config import Listen
 from masd.core.errors import MasdError
-from masd.edges.lmtp import LmtpListenError, Replies, ReplyCode, _unix_socket, check_recipient
+from masd.edges.lmtp import check_recipient
+from masd.edges.lmtp_replies import Replies, ReplyCode
+from masd.edges.sockets import ListenError, serve
 from masd.metrics import Metrics
 from masd.service import Runtime
 from masd.store import Store
@@ -55,7 +57,7 @@ METRIC: Final = "masd_policy_requests_total"
 DUNNO: Final = "DUNNO"
 
 
-class PolicyListenError(MasdError):
+class PolicyListenError(ListenError):
     """The policy listener cannot start (address in use, a non-socket at the path)."""
 
     code = "policy-listen"
@@ -275,34 +277,13 @@ async def start_policy(
     must be in the socket's group).
     """
     server = PolicyServer(handler)
-    if sock is not None:
-        if sock.family == socket.AF_UNIX:
-            server.server = await asyncio.start_unix_server(
-                server._client, sock=sock, limit=MAX_LINE
-            )
-        else:
-            server.server = await asyncio.start_server(server._client, sock=sock, limit=MAX_LINE)
-        return server
-    if listen is None:
+    loop = asyncio.get_running_loop()
+
+    def connection() -> asyncio.StreamReaderProtocol:
+        reader = asyncio.StreamReader(limit=MAX_LINE, loop=loop)
+        return asyncio.StreamReaderProtocol(reader, server._client, loop=loop)
+
+    if listen is None and sock is None:
         raise PolicyListenError("no policy listener configured (server.policy)")
-    try:
-        if isinstance(listen, UnixListen):
-            try:
-                usock = await _unix_socket(str(listen.path))
-            except LmtpListenError as exc:
-                raise PolicyListenError(exc.detail) from exc
-            try:
-                server.server = await asyncio.start_unix_server(
-                    server._client, sock=usock, limit=MAX_LINE
-                )
-            except BaseException:
-                usock.close()
-                raise
-        else:
-            assert isinstance(listen, TcpListen)
-            server.server = await asyncio.start_server(
-                server._client, host=listen.host, port=listen.port, limit=MAX_LINE
-            )
-    except OSError as exc:
-        raise PolicyListenError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+    server.server = await serve(connection, listen, sock=sock, error=PolicyListenError)
     return server

@@ -1,12 +1,21 @@
-"""Sockets inherited from systemd socket activation (sd_listen_fds(3)).
+"""Listening sockets: bound by masd, or inherited from systemd (sd_listen_fds(3)).
 
-The service manager passes listening sockets as file descriptors 3, 4, ...
-and describes them in three variables: ``LISTEN_PID`` (the process they are
-meant for; a child that inherited the environment must ignore them),
-``LISTEN_FDS`` (how many) and ``LISTEN_FDNAMES`` (a ``:``-separated name per
-descriptor, from ``FileDescriptorName=`` in the socket unit).  masd knows
-the names ``lmtp``, ``http`` and ``policy``; a socket so named replaces the
-listener of the same name in ``[server]``.
+:func:`serve` is how every listener (LMTP, HTTP, policy) gets its socket: a
+passed one is served as it is; otherwise the configured address is bound.
+A unix socket is bound by :func:`bind_unix`, which sets its mode (0660)
+*before* ``listen``: until then a connect is refused, so nobody ever reaches
+the socket while its mode is still the umask's.  A stale socket file (left
+by a process that did not clean up) is replaced; a path where another
+process answers, or that is not a socket, is refused by name.
+
+Inherited sockets: the service manager passes listening sockets as file
+descriptors 3, 4, ... and describes them in three variables:
+``LISTEN_PID`` (the process they are meant for; a child that inherited the
+environment must ignore them), ``LISTEN_FDS`` (how many) and
+``LISTEN_FDNAMES`` (a ``:``-separated name per descriptor, from
+``FileDescriptorName=`` in the socket unit).  masd knows the names
+``lmtp``, ``http`` and ``policy``; a socket so named replaces the listener
+of the same name in ``[server]``.
 
 Anything that is not what masd can serve is refused with
 :class:`SocketActivationError`, naming the descriptor and the reason: an
@@ -17,22 +26,29 @@ misconfiguration better seen at start than as mail that never arrives.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import stat
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
 from typing import Final
 
-from masd.core.errors import ConfigError
+from masd.config import Listen, TcpListen
+from masd.core.errors import ConfigError, MasdError
 
 __all__ = [
     "LISTENER_NAMES",
     "SD_LISTEN_FDS_START",
+    "SOCKET_MODE",
+    "ListenError",
     "SocketActivationError",
     "adopt",
+    "bind_unix",
     "inherited_sockets",
     "parse_listen_env",
+    "serve",
 ]
 
 #: The first passed descriptor (``SD_LISTEN_FDS_START``).
@@ -40,6 +56,16 @@ SD_LISTEN_FDS_START: Final = 3
 #: Names a socket unit may give with ``FileDescriptorName=``.
 LISTENER_NAMES: Final = ("lmtp", "http", "policy")
 _VARIABLES: Final = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")
+#: Mode of the unix sockets masd binds: the MTA must be in masd's group.
+SOCKET_MODE: Final = 0o660
+#: How long a probe of an existing socket file waits for an answer.
+PROBE_SECONDS: Final = 2.0
+
+
+class ListenError(MasdError):
+    """A listener cannot start (address in use, a non-socket at the path)."""
+
+    code = "listen"
 
 
 class SocketActivationError(ConfigError):
@@ -154,3 +180,78 @@ def inherited_sockets(
                 sock.detach()
         raise
     return adopted
+
+
+async def bind_unix(
+    path: str | Path, *, mode: int = SOCKET_MODE, error: type[ListenError] = ListenError
+) -> socket.socket:
+    """A unix stream socket bound at ``path`` with ``mode``, not yet listening.
+
+    The mode is set between ``bind`` and ``listen``: no client can connect
+    while the file still has the umask's mode.  ``error`` names the refusal.
+    """
+    where = f"cannot listen on unix:{path}"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(info.st_mode):
+            raise error(f"{where}: it exists and is not a socket")
+        if await _answers(str(path)):
+            raise error(f"{where}: another process serves it")
+        os.unlink(path)  # stale, left by a process that did not clean up
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, mode)
+    except OSError as exc:
+        sock.close()
+        raise error(f"{where}: {exc.strerror or exc}") from exc
+    return sock
+
+
+async def _answers(path: str) -> bool:
+    try:
+        async with asyncio.timeout(PROBE_SECONDS):
+            _, writer = await asyncio.open_unix_connection(path)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+async def serve(
+    factory: Callable[[], asyncio.BaseProtocol],
+    listen: Listen | None,
+    *,
+    sock: socket.socket | None = None,
+    error: type[ListenError] = ListenError,
+) -> asyncio.Server:
+    """Serve ``factory`` on the inherited ``sock``, else on ``listen`` (bound here).
+
+    An inherited socket keeps the owner and mode the service manager gave it.
+    """
+    loop = asyncio.get_running_loop()
+    if sock is not None:
+        if sock.family == socket.AF_UNIX:
+            return await loop.create_unix_server(factory, sock=sock)
+        return await loop.create_server(factory, sock=sock)
+    if listen is None:
+        raise error("no address configured")
+    if isinstance(listen, TcpListen):
+        try:
+            return await loop.create_server(factory, host=listen.host, port=listen.port)
+        except OSError as exc:
+            raise error(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+    bound = await bind_unix(listen.path, error=error)
+    try:
+        return await loop.create_unix_server(factory, sock=bound)
+    except OSError as exc:
+        bound.close()
+        raise error(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
+    except BaseException:
+        bound.close()
+        raise

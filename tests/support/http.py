@@ -18,7 +18,7 @@ from masd.config import Config, Listen, TcpListen, load_config
 from masd.core.address import parse_address
 from masd.core.event import build_event
 from masd.core.trust import TrustSettings
-from masd.edges.http import HttpEdge, HttpServer, start_http
+from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.metrics import Metrics
 from masd.readside import rfc3339
 from masd.store import Store
@@ -160,7 +160,11 @@ def status_message(
 
 @asynccontextmanager
 async def serving(
-    tmp_path: Path, *, admin: bool = True, listen: Listen | None = None
+    tmp_path: Path,
+    *,
+    admin: bool = True,
+    listen: Listen | None = None,
+    limits: HttpLimits | None = None,
 ) -> AsyncIterator[Running]:
     """Start the HTTP edge on loopback port 0 (or ``listen``) over a fresh store."""
     config = load_config(write_config(tmp_path, admin=admin))
@@ -170,7 +174,9 @@ async def serving(
     metrics = Metrics()
     commits: list[int] = []
     edge = HttpEdge(rt, store, clock, metrics, on_commit=lambda: commits.append(1))
-    server = await start_http(listen or TcpListen("127.0.0.1", 0), edge)
+    server = await start_http(
+        listen or TcpListen("127.0.0.1", 0), edge, limits=limits or HttpLimits()
+    )
     try:
         first = server.addresses[0]
         if isinstance(first, tuple):

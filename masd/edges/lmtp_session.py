@@ -1,0 +1,412 @@
+"""The LMTP session on top of aiosmtpd: the one module that knows aiosmtpd's insides.
+
+Built on aiosmtpd's ``LMTP`` protocol, served by :func:`masd.edges.lmtp.start_lmtp`
+(never aiosmtpd's Controller).  What aiosmtpd does not do for LMTP is fixed
+in :class:`LmtpProtocol`:
+
+- after DATA, every reply is one line per accepted recipient (RFC 2033
+  §4.2), including aiosmtpd's own "too much mail data" and "line too long"
+  answers, which it sends once (Postfix would then read the other
+  recipients' replies out of step);
+- LHLO advertises PIPELINING and ENHANCEDSTATUSCODES (RFC 2033 §4.1), and
+  every reply but the greeting, LHLO and 354 carries an enhanced status code
+  (RFC 2034 §3), aiosmtpd's own ones included;
+- a fault anywhere in DATA handling is ``451 4.3.0`` for each recipient;
+- MAIL FROM and RCPT TO paths of the plain form ``<local@domain>`` are read
+  with one regular expression (:func:`plain_path`); aiosmtpd's own parser
+  (the email package's header parser, and a class defined per call) took a
+  quarter of masd's CPU at intake, and still reads every other form;
+- the message after DATA is read in large pieces up to the end-of-data line
+  (:func:`read_data`), not one line per ``await`` as aiosmtpd does, with the
+  same limits and answers;
+- a session that makes no progress (no command, no data) for the idle
+  timeout is closed (PROFILE §2, RFC 5321 §4.5.3.2); while masd itself works
+  on the data the clock is stopped.  Closing inside DATA records nothing.
+
+aiosmtpd's private names (underscore attributes and methods) that this
+module overrides or reads are listed in :data:`PRIVATE_METHODS` and
+:data:`PRIVATE_ATTRIBUTES`; no other module of masd uses any.
+:func:`missing_private_names` checks them against the installed aiosmtpd
+(the version range in pyproject.toml is the one it was checked with).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AnyStr, Final
+
+from aiosmtpd.lmtp import LMTP
+from aiosmtpd.smtp import SMTP, syntax
+
+from masd.edges.lmtp_replies import RecipientReplies, Replies, ReplyCode
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class Handler(Protocol):
+        """What the session needs of :class:`masd.edges.lmtp.LmtpHandler`."""
+
+        @property
+        def size_limit(self) -> int | None: ...
+
+        def per_recipient(
+            self, reply: ReplyCode, text: str, rcpts: Sequence[str]
+        ) -> RecipientReplies: ...
+
+
+log = logging.getLogger("masd.lmtp")
+
+#: Methods of aiosmtpd's ``SMTP`` that :class:`LmtpProtocol` overrides or calls.
+PRIVATE_METHODS: Final = ("_getaddr", "_reset_timeout", "_create_envelope", "_call_handler_hook")
+#: Attributes of a connected aiosmtpd ``SMTP`` that :class:`LmtpProtocol` reads or sets.
+PRIVATE_ATTRIBUTES: Final = ("_timeout_handle", "_timeout_duration", "_reader", "_writer")
+
+
+#: Enhanced codes for replies aiosmtpd writes itself without one (RFC 3463).
+_LIBRARY_ENHANCED: Final = {
+    221: "2.0.0",
+    250: "2.0.0",
+    252: "2.5.0",
+    500: "5.5.2",
+    501: "5.5.4",
+    502: "5.5.1",
+    503: "5.5.1",
+    504: "5.5.4",
+    530: "5.7.0",
+    552: "5.3.4",
+    553: "5.1.3",
+    554: "5.0.0",
+    555: "5.5.4",
+}
+_HAS_ENHANCED = re.compile(r"[0-9]{3}[ -][245]\.[0-9]{1,3}\.[0-9]{1,3}(?: |$)")
+_REPLY_LINE = re.compile(r"([0-9]{3})([ -]?)(.*)", re.DOTALL)
+
+
+def _with_enhanced(status: str) -> str:
+    out: list[str] = []
+    for line in status.split("\r\n"):
+        match = _REPLY_LINE.fullmatch(line)
+        if match is None or _HAS_ENHANCED.match(line):
+            out.append(line)
+            continue
+        code, sep, text = match.groups()
+        enhanced = _LIBRARY_ENHANCED.get(int(code), f"{code[0]}.0.0")
+        out.append(f"{code}{sep or ' '}{enhanced} {text.strip()}".rstrip())
+    return "\r\n".join(out)
+
+
+#: RFC 5321 §4.1.2 ``Path`` in its plain form: ``"<" Dot-string "@" Domain ">"``,
+#: ASCII only, no source route, no quoted local part, no address literal,
+#: then nothing or whitespace and the parameters.
+_PLAIN_PATH: Final = re.compile(
+    r"<((?:[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+\.)*[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+    r"@(?:[A-Za-z0-9-]+\.)*[A-Za-z0-9-]+)>(?:[ \t]+([^( \t][^(]*)?)?"
+)
+
+
+def plain_path(arg: str) -> tuple[str, str] | None:
+    """``(address, parameters)`` for a plain ``<local@domain> [params]``, else None.
+
+    Where it answers, it answers exactly what aiosmtpd's ``SMTP._getaddr``
+    does (tests/test_lmtp_path.py checks that against aiosmtpd itself); None
+    means "not plain": the caller hands the argument to aiosmtpd's parser,
+    which reads the rest of what it accepts (quoted local parts, routes,
+    literals, UTF-8, the null path) as it always did.
+    """
+    match = _PLAIN_PATH.fullmatch(arg)
+    if match is None:
+        return None
+    return match.group(1), match.group(2) or ""
+
+
+#: RFC 5321 §4.1.1.4: the mail data ends with a line holding one dot.
+_END: Final = b"\r\n.\r\n"
+#: Longest data line aiosmtpd accepts, its CR LF included (``SMTP.line_length_limit``).
+LINE_LIMIT: Final = 1001
+
+
+@dataclass(frozen=True)
+class Data:
+    """What :func:`read_data` read: the message, or why it was refused."""
+
+    content: bytes = b""
+    too_long: bool = False  # a line over LINE_LIMIT octets with its CR LF (answered 500)
+    too_much: bool = False  # over the size limit (answered 552)
+
+
+def _partial_end(tail: bytes | bytearray) -> int:
+    """How many octets at the end of ``tail`` begin the end-of-data sequence."""
+    for size in (4, 3, 2, 1):
+        if tail[-size:] == _END[:size]:
+            return size
+    return 0
+
+
+def _first_refusal(body: bytes | bytearray, size_limit: int | None) -> Data:
+    """Which limit the data passed first, line by line, as aiosmtpd counts.
+
+    A line longer than the reader's limit (LINE_LIMIT octets without its end)
+    is refused before it is counted; other lines are counted, then measured.
+    """
+    total = 0
+    lines = bytes(body[2:]).split(b"\r\n")
+    for i, line in enumerate(lines):
+        if len(line) > LINE_LIMIT:
+            return Data(too_long=True)
+        if i == len(lines) - 1:
+            break  # not ended by CR LF (yet): not counted
+        total += len(line) + 2
+        if size_limit and total > size_limit:
+            return Data(too_much=True)
+        if len(line) + 2 > LINE_LIMIT:
+            return Data(too_long=True)
+    return Data(too_much=True)
+
+
+async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Data:
+    """Read mail data up to the end-of-data line, in pieces as large as the buffer.
+
+    The stream is read as if a CR LF came before it (the DATA command's own
+    line end), so data that is only "." is an empty message.  Nothing after
+    the end-of-data line is consumed: a pipelining client's next command
+    stays in the reader.  The limits and answers are aiosmtpd's: a line over
+    :data:`LINE_LIMIT` octets with its CR LF is ``too_long``, more than
+    ``size_limit`` octets ``too_much`` (whichever the data reaches first),
+    and refused data is still read to its end but not kept.  A leading dot
+    is removed from each line (RFC 5321 §4.5.2).
+    """
+    body = bytearray(b"\r\n")
+    size = 0  # octets read after the leading CR LF
+    refused: Data | None = None
+    while True:
+        partial = _partial_end(body)
+        if partial:
+            # What was read may end inside the end-of-data sequence: read
+            # exactly the rest of it, never beyond.
+            piece = await reader.readexactly(len(_END) - partial)
+        else:
+            try:
+                piece = await reader.readuntil(_END)
+            except asyncio.LimitOverrunError as exc:
+                piece = await reader.read(exc.consumed)
+        body += piece
+        size += len(piece)
+        ended = body.endswith(_END)
+        if refused is None and size_limit and size - 3 > size_limit:
+            refused = _first_refusal(body, size_limit)
+        if ended:
+            break
+        if refused is not None:
+            # Keep only what finding the end-of-data sequence needs.
+            del body[: -(len(_END) - 1)]
+    if refused is not None:
+        return refused
+    content = bytes(body[:-3])  # the final ".\r\n" off; the leading CR LF still on
+    if max(map(len, content.split(b"\r\n"))) + 2 > LINE_LIMIT:
+        return _first_refusal(content, size_limit)
+    return Data(content=content.replace(b"\r\n.", b"\r\n")[2:])
+
+
+class LmtpProtocol(LMTP):
+    """aiosmtpd's LMTP with the fixes above; ``timeout`` is the idle timeout."""
+
+    def __init__(self, handler: Handler, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.masd_handler = handler
+        self._in_lhlo = False
+        self._data_open = False  # between our 354 and the replies to the data
+        self._data_rcpts: list[str] = []
+        self._idle_until = 0.0  # loop time after which an idle session is closed
+        self._idle_armed = False  # a check is scheduled (self._timeout_handle)
+        self._working = False  # masd records the data: the idle clock is stopped
+
+    def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
+        plain = plain_path(arg)
+        if plain is None:
+            return super()._getaddr(arg)
+        limit = self.local_part_limit
+        if limit and len(plain[0].rpartition("@")[0]) > limit:
+            return None, None
+        return plain
+
+    def _reset_timeout(self, duration: float | None = None) -> None:
+        # aiosmtpd cancels and schedules a timer on every command; here a
+        # command only moves the idle deadline, and one scheduled check
+        # closes the session once it has passed.
+        self._idle_until = self.loop.time() + (duration or self._timeout_duration)
+        handle = self._timeout_handle
+        if handle is None or not self._idle_armed or handle.when() > self._idle_until:
+            if handle is not None:
+                handle.cancel()
+            self._timeout_handle = self.loop.call_at(self._idle_until, self._idle_check)
+            self._idle_armed = True
+
+    def _idle_check(self) -> None:
+        self._idle_armed = False
+        if self._working:
+            self._reset_timeout()
+            return
+        if self.loop.time() < self._idle_until:
+            self._timeout_handle = self.loop.call_at(self._idle_until, self._idle_check)
+            self._idle_armed = True
+            return
+        log.info(
+            "LMTP session made no progress for %g s; closed peer=%s",
+            self._timeout_duration,
+            self.session and self.session.peer,
+        )
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        # Inside the mail data every octet is progress (RFC 5321 §4.5.3.2.5
+        # times each read); elsewhere only a whole command is.
+        if self._data_open:
+            self._reset_timeout()
+        super().data_received(data)
+
+    async def smtp_LHLO(self, arg: str) -> None:
+        self._in_lhlo = True
+        try:
+            await super().smtp_LHLO(arg)
+        finally:
+            self._in_lhlo = False
+
+    @syntax("DATA")
+    async def smtp_DATA(self, arg: str) -> None:
+        try:
+            await self._data(arg)
+        except (ConnectionError, asyncio.CancelledError):
+            raise
+        except Exception:
+            if not self._data_open:
+                raise
+            log.exception("LMTP DATA fault")
+            self.envelope = self._create_envelope()
+            await self.push(self._fault_replies())
+        finally:
+            self._data_open = False
+
+    async def _data(self, arg: str) -> None:
+        """aiosmtpd's DATA command with the data read by :func:`read_data`."""
+        if await self.check_helo_needed() or await self.check_auth_needed("DATA"):
+            return
+        assert self.envelope is not None
+        if not self.envelope.rcpt_tos:
+            await self.push("503 Error: need RCPT command")
+            return
+        if arg:
+            await self.push("501 Syntax: DATA")
+            return
+        await self.push("354 End data with <CR><LF>.<CR><LF>")
+        try:
+            data = await read_data(self._reader, self.data_size_limit)
+        except asyncio.IncompleteReadError as exc:
+            # The client closed the connection inside the data: nothing is
+            # recorded and nothing answered (its MTA keeps the mail queued).
+            self._writer.close()
+            raise ConnectionResetError("connection closed during DATA") from exc
+        except asyncio.CancelledError:
+            self._writer.close()  # the connection was lost (aiosmtpd cancels us)
+            raise
+        if data.too_long or data.too_much:
+            await self.push(
+                "500 Line too long (see RFC5321 4.5.3.1.6)"
+                if data.too_long
+                else "552 Error: Too much mail data"
+            )
+            self.envelope = self._create_envelope()
+            return
+        self.envelope.content = self.envelope.original_content = data.content
+        self._working = True
+        try:
+            status = await self._call_handler_hook("DATA")
+        finally:
+            self._working = False
+            self._reset_timeout()
+        self.envelope = self._create_envelope()
+        await self.push(status)
+
+    async def push(self, status: AnyStr) -> None:
+        if isinstance(status, str):
+            await super().push(self._lmtp_reply(status))
+        else:
+            await super().push(status)
+
+    def _fault_replies(self) -> RecipientReplies:
+        return self.masd_handler.per_recipient(
+            Replies.FAULT, "temporary failure, try again later", self._data_rcpts
+        )
+
+    def _lmtp_reply(self, status: str) -> str:
+        if self._data_open:
+            # The answer to the data: it must be one line per recipient.
+            self._data_open = False
+            if isinstance(status, RecipientReplies):
+                return status
+            rcpts = self._data_rcpts
+            code = status[:3]
+            handler = self.masd_handler
+            if code == "552":
+                limit = handler.size_limit
+                text = f"message over {limit} octets (server.max_message_bytes)"
+                log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
+                return handler.per_recipient(Replies.TOO_BIG, text, rcpts)
+            if code == "500" and "too long" in status.lower():
+                text = "a line over 1000 octets (RFC 5321 4.5.3.1.6)"
+                log.info("message refused: line too long, %d recipients", len(rcpts))
+                return handler.per_recipient(Replies.LINE_TOO_LONG, text, rcpts)
+            log.error("unexpected reply to DATA %r; answered 451 for each recipient", status)
+            return self._fault_replies()
+        if status.startswith("354"):
+            assert self.envelope is not None
+            self._data_open = True
+            self._data_rcpts = list(self.envelope.rcpt_tos)
+            return status
+        if self._in_lhlo or status.startswith("220"):
+            return status
+        return _with_enhanced(status)
+
+
+async def missing_private_names(
+    methods: Sequence[str] = PRIVATE_METHODS, attributes: Sequence[str] = PRIVATE_ATTRIBUTES
+) -> list[str]:
+    """The private names above that the installed aiosmtpd lacks ([] when all are there).
+
+    Methods are looked up on aiosmtpd's ``LMTP`` class; attributes on a real
+    session, connected over a socket pair (aiosmtpd sets them on connect).
+    """
+    missing = [f"SMTP.{n}" for n in methods if not callable(getattr(LMTP, n, None))]
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    sessions: list[SMTP] = []
+
+    def factory() -> SMTP:
+        sessions.append(LMTP(object(), hostname="probe", loop=loop))
+        return sessions[-1]
+
+    try:
+        transport, _ = await loop.create_connection(factory, sock=ours)
+        try:
+            missing += [f"SMTP().{n}" for n in attributes if not hasattr(sessions[0], n)]
+        finally:
+            transport.close()
+            for _ in range(5):  # let the session's task see the close and end
+                await asyncio.sleep(0)
+    finally:
+        theirs.close()
+        with contextlib.suppress(OSError):
+            ours.close()
+    return missing
+
+
+def read_path(session: SMTP, arg: str) -> tuple[str | None, str | None]:
+    """How ``session`` reads the path of a MAIL or RCPT argument: ``(address, params)``,
+    ``(None, None)`` when it does not parse (aiosmtpd's reader, or masd's override)."""
+    return session._getaddr(arg)

@@ -1,0 +1,247 @@
+"""LMTP limits (PROFILE §2): the session cap and the no-progress timeout, on loopback.
+
+The listener runs in-process over a real store; its limits are injected
+small so the tests are quick.  The flood test (marker ``fault``) uses the
+configured default and prints its counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from masd.clock import Clock
+from masd.config import TcpListen, load_config
+from masd.edges.lmtp import MAX_SESSIONS, LmtpHandler, start_lmtp
+from masd.lmtpclient import deliver
+from masd.metrics import Metrics
+from masd.service import Runtime
+from masd.store import Store
+
+HOSTNAME = "lmtp.help.example"
+WAIT = 10.0
+CONFIG = """
+[server]
+database = "masd.db"
+trusted_authserv_ids = ["mx.help.example"]
+hostname = "lmtp.help.example"
+
+[domains."help.example".types.ticket]
+role = "master"
+modes = ["callback"]
+
+[domains."help.example".types.ticket.endpoints.callback]
+url = "http://127.0.0.1:9/mas/callback"
+token_file = "callback.token"
+deadline = "2h"
+"""
+MAIL = (
+    b"From: Alice <alice@example.org>\r\nTo: ticket@help.example\r\nSubject: Printer\r\n"
+    b"Message-ID: <lim-1@example.org>\r\n\r\nThe printer is on fire.\r\n"
+)
+
+
+@dataclass
+class Listener:
+    store: Store
+    metrics: Metrics
+    port: int
+
+    async def messages(self) -> int:
+        row = await self.store.read(
+            lambda db: db.execute("SELECT COUNT(*) FROM messages").fetchone()
+        )
+        return int(row[0])
+
+    async def session(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """A new connection and the first line the server wrote."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        return reader, writer, await asyncio.wait_for(reader.readline(), WAIT)
+
+
+@contextlib.asynccontextmanager
+async def listening(tmp_path: Path, **limits: Any) -> AsyncIterator[Listener]:
+    token = tmp_path / "callback.token"
+    token.write_text(secrets.token_hex(16) + "\n")
+    token.chmod(0o600)
+    (tmp_path / "masd.toml").write_text(CONFIG)
+    config = load_config(tmp_path / "masd.toml")
+    store = Store.open(config.server.database)
+    metrics = Metrics()
+    rt = Runtime(config, new_id=lambda: secrets.token_hex(16))
+    handler = LmtpHandler(rt, store, Clock(), metrics, on_commit=lambda: None)
+    server = await start_lmtp(
+        TcpListen("127.0.0.1", 0),
+        handler,
+        hostname=HOSTNAME,
+        max_message_bytes=config.server.max_message_bytes,
+        **limits,
+    )
+    try:
+        yield Listener(store, metrics, server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+        await server.wait_closed()
+        await handler.drain()
+        store.close()
+
+
+async def command(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, line: bytes) -> bytes:
+    writer.write(line + b"\r\n")
+    reply = await asyncio.wait_for(reader.readline(), WAIT)
+    while reply[3:4] == b"-":
+        reply = await asyncio.wait_for(reader.readline(), WAIT)
+    return reply
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    """What the server wrote until it closed the connection (bounded wait)."""
+    return await asyncio.wait_for(reader.read(), WAIT)
+
+
+def close_all(writers: list[asyncio.StreamWriter]) -> None:
+    for writer in writers:
+        writer.close()
+
+
+# --------------------------------------------------------------------------- session cap
+
+
+def test_sessions_over_the_cap_get_421_at_connect_then_close(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with listening(tmp_path, max_sessions=3) as lmtp:
+            admitted = [await lmtp.session() for _ in range(3)]
+            assert all(greeting.startswith(b"220 ") for _, _, greeting in admitted)
+            reader, writer, refused = await lmtp.session()
+            assert refused.startswith(b"421 4.3.2 "), refused
+            assert b"server.max_lmtp_sessions" in refused
+            assert await closed_by_server(reader) == b""
+            writer.close()
+            assert lmtp.metrics.value("masd_connections_refused_total", listener="lmtp") == 1
+            # The admitted sessions work; when one ends, a new one is admitted.
+            r0, w0, _ = admitted[0]
+            assert (await command(r0, w0, b"LHLO mx.help.example")).startswith(b"250 ")
+            assert await command(r0, w0, b"QUIT") == b"221 2.0.0 Bye\r\n"
+            await closed_by_server(r0)
+            await asyncio.sleep(0.05)  # the server sees the close
+            _, w4, greeting = await lmtp.session()
+            assert greeting.startswith(b"220 "), greeting
+            close_all([w for _, w, _ in admitted] + [w4])
+
+    asyncio.run(main())
+
+
+def test_a_delivery_after_a_refused_session_is_recorded(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with listening(tmp_path, max_sessions=1) as lmtp:
+            _, holder, _ = await lmtp.session()
+            with pytest.raises(Exception, match="421"):
+                await deliver(
+                    ("127.0.0.1", lmtp.port), "a@example.org", ["ticket@help.example"], MAIL
+                )
+            holder.close()
+            await asyncio.sleep(0.05)
+            result = await deliver(
+                ("127.0.0.1", lmtp.port), "a@example.org", ["ticket@help.example"], MAIL
+            )
+            assert result.codes == (250,)
+            assert await lmtp.messages() == 1
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- no progress
+
+
+async def in_data(lmtp: Listener) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer, _ = await lmtp.session()
+    assert (await command(reader, writer, b"LHLO mx.help.example")).startswith(b"250")
+    assert (await command(reader, writer, b"MAIL FROM:<a@example.org>")).startswith(b"250")
+    assert (await command(reader, writer, b"RCPT TO:<ticket@help.example>")).startswith(b"250")
+    assert (await command(reader, writer, b"DATA")).startswith(b"354")
+    return reader, writer
+
+
+def test_a_session_stalled_inside_data_is_closed_and_nothing_is_recorded(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with listening(tmp_path, idle_timeout=0.5) as lmtp:
+            reader, writer = await in_data(lmtp)
+            writer.write(MAIL[:40])  # part of the message, then nothing
+            assert await closed_by_server(reader) == b""
+            writer.close()
+            await asyncio.sleep(0.1)
+            assert await lmtp.messages() == 0
+
+    asyncio.run(main())
+
+
+def test_a_session_stalled_between_commands_is_closed_and_nothing_is_recorded(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        async with listening(tmp_path, idle_timeout=0.5) as lmtp:
+            reader, writer, _ = await lmtp.session()
+            assert (await command(reader, writer, b"LHLO mx")).startswith(b"250")
+            assert (await command(reader, writer, b"MAIL FROM:<a@example.org>")).startswith(b"250")
+            assert (await command(reader, writer, b"RCPT TO:<ticket@help.example>")).startswith(
+                b"250"
+            )
+            writer.write(b"DA")  # half a command is no progress
+            assert await closed_by_server(reader) == b""
+            writer.close()
+            assert await lmtp.messages() == 0
+
+    asyncio.run(main())
+
+
+def test_data_arriving_slowly_is_progress(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with listening(tmp_path, idle_timeout=0.5) as lmtp:
+            reader, writer = await in_data(lmtp)
+            # Well over the idle timeout in all, but never silent that long.
+            for start in range(0, len(MAIL), 8):
+                writer.write(MAIL[start : start + 8])
+                await writer.drain()
+                await asyncio.sleep(0.1)
+            writer.write(b".\r\n")
+            reply = await asyncio.wait_for(reader.readline(), WAIT)
+            assert reply.startswith(b"250 2.0.0 "), reply
+            writer.close()
+            assert await lmtp.messages() == 1
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- flood
+
+
+@pytest.mark.fault
+def test_500_idle_sessions_beyond_the_cap_get_421(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with listening(tmp_path) as lmtp:
+            sessions = await asyncio.gather(*(lmtp.session() for _ in range(500)))
+            greetings = [g[:3] for _, _, g in sessions]
+            admitted, refused = greetings.count(b"220"), greetings.count(b"421")
+            print(
+                f"\n500 idle LMTP sessions: {admitted} admitted, {refused} refused with 421 4.3.2"
+            )
+            assert (admitted, refused) == (MAX_SESSIONS, 500 - MAX_SESSIONS)
+            still_open = [(r, w) for (r, w, g) in sessions if g.startswith(b"220")]
+            close_all([w for _, w, _ in sessions])
+            for reader, _ in still_open:
+                await closed_by_server(reader)
+            await asyncio.sleep(0.1)
+            # Once they are gone, mail flows again.
+            result = await deliver(
+                ("127.0.0.1", lmtp.port), "a@example.org", ["ticket@help.example"], MAIL
+            )
+            assert result.codes == (250,)
+
+    asyncio.run(main())

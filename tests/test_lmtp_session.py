@@ -1,0 +1,109 @@
+"""aiosmtpd's private names: used in one module only, present in the installed aiosmtpd.
+
+masd's LMTP session overrides and reads a few of aiosmtpd's underscore
+names (:mod:`masd.edges.lmtp_session`).  A new aiosmtpd may rename them;
+these tests then fail and name what is missing, before any mail is lost to
+a session that silently behaves differently.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+from aiosmtpd.lmtp import LMTP
+from packaging.specifiers import SpecifierSet
+
+from masd.edges import lmtp_session
+from masd.edges.lmtp_session import (
+    PRIVATE_ATTRIBUTES,
+    PRIVATE_METHODS,
+    LmtpProtocol,
+    missing_private_names,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_private_names_masd_uses_exist_in_the_installed_aiosmtpd() -> None:
+    missing = asyncio.run(missing_private_names())
+    assert not missing, (
+        f"aiosmtpd {version('aiosmtpd')} has no {', '.join(missing)}: "
+        "masd/edges/lmtp_session.py relies on them; adapt it (and the version range "
+        "in pyproject.toml) to this aiosmtpd"
+    )
+
+
+def test_a_missing_name_is_reported_by_name() -> None:
+    missing = asyncio.run(missing_private_names(("_getaddr", "_gone"), ("_reader", "_vanished")))
+    assert missing == ["SMTP._gone", "SMTP()._vanished"]
+
+
+def test_the_aiosmtpd_version_is_held_to_the_tested_range() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (requirement,) = [d for d in project["project"]["dependencies"] if d.startswith("aiosmtpd")]
+    specifier = SpecifierSet(requirement.removeprefix("aiosmtpd"))
+    assert "<" in str(specifier), f"{requirement}: no upper bound"
+    assert version("aiosmtpd") in specifier, f"aiosmtpd {version('aiosmtpd')} not in {specifier}"
+
+
+def test_every_aiosmtpd_name_the_session_overrides_is_declared() -> None:
+    # A masd name that happens to shadow one of aiosmtpd's would change aiosmtpd's
+    # behaviour unseen: every underscore name defined here that aiosmtpd also has
+    # must be one of the declared ones.
+    own = {n for n in vars(LmtpProtocol) if n.startswith("_") and not n.startswith("__")}
+    shadowing = {n for n in own if hasattr(LMTP, n)}
+    assert shadowing <= set(PRIVATE_METHODS), sorted(shadowing - set(PRIVATE_METHODS))
+
+
+def _aiosmtpd_private_uses(path: Path) -> set[str]:
+    """Underscore names of aiosmtpd's SMTP used as attributes in a module importing aiosmtpd."""
+    tree = ast.parse(path.read_text())
+    imports = {
+        alias.name if isinstance(node, ast.Import) else node.module or ""
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    if not any(name.startswith("aiosmtpd") for name in imports):
+        return set()
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and _aiosmtpd_has(node.attr)
+    }
+
+
+def test_no_other_module_uses_aiosmtpd_private_names() -> None:
+    session = Path(lmtp_session.__file__).resolve()
+    assert _aiosmtpd_private_uses(session), "the check below would find nothing"
+    offenders = {}
+    for path in sorted((ROOT / "masd").rglob("*.py")):
+        if path.resolve() != session and (used := _aiosmtpd_private_uses(path)):
+            offenders[str(path.relative_to(ROOT))] = sorted(used)
+    assert not offenders, offenders
+
+
+def test_the_session_uses_only_the_declared_private_names() -> None:
+    # Every self._name the session module reads that aiosmtpd defines is declared.
+    text = Path(lmtp_session.__file__).read_text()
+    used = set(re.findall(r"\bself\.(_[a-z][a-z_]*)", text)) | set(
+        re.findall(r"session\.(_[a-z][a-z_]*)", text)
+    )
+    from_aiosmtpd = {n for n in used if not n.startswith("_masd") and _aiosmtpd_has(n)}
+    declared = set(PRIVATE_METHODS) | set(PRIVATE_ATTRIBUTES)
+    assert from_aiosmtpd <= declared, sorted(from_aiosmtpd - declared)
+
+
+def _aiosmtpd_has(name: str) -> bool:
+    import aiosmtpd.smtp
+
+    source = Path(aiosmtpd.smtp.__file__).read_text()
+    return hasattr(LMTP, name) or f"self.{name} =" in source or f"self.{name}:" in source
