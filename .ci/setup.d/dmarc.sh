@@ -2,15 +2,16 @@
 # The DMARC chain tests/test_dmarc_e2e.py and tests/test_milter_e2e.py drive for real,
 # from Debian's packages:
 #   postfix          the MTA (as .ci/setup.d/postfix.sh installs it: "No configuration")
-#   opendkim         the DKIM verifier milter; opendkim-tools for opendkim-testkey
+#   opendkim         the DKIM verifier milter
 #   opendmarc        the DMARC milter (SPF checked by itself); publicsuffix its list
 #   dnsmasq-base     the DNS server on loopback serving the test domains' records
 #                    (the binary only: no system service)
 #   miltertest       OpenDKIM's milter test client, scripted in Lua
+#   openssl          makes the tests' DKIM keys, as dknewkey does
 # Services are kept from starting at install time (policy-rc.d): the tests run
 # private instances on loopback.
 set -euo pipefail
-packages=(postfix opendkim opendkim-tools opendmarc publicsuffix dnsmasq-base miltertest)
+packages=(postfix opendkim opendmarc publicsuffix dnsmasq-base miltertest openssl)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
