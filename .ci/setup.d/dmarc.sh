@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The DMARC chain tests/test_dmarc_e2e.py and tests/test_milter_e2e.py drive for real,
+# The DMARC chain tests/test_dmarc_e2e.py drives, and the milter client tests/test_milter.py
+# uses, for real,
 # from Debian's packages:
 #   postfix          the MTA (as .ci/setup.d/postfix.sh installs it: "No configuration")
 #   opendkim         the DKIM verifier milter
