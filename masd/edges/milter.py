@@ -119,7 +119,8 @@ class MilterSession:
                 self.size += len(message.name) + len(message.value) + 4  # ": ", CRLF
             case Body():
                 self.size += len(message.content)
-            case EndOfMessage():
+            case EndOfMessage():  # may carry the body's last piece
+                self.size += len(message.content)
                 return self._end_of_message()
             case Abort():
                 self.size = 0
