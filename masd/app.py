@@ -2,10 +2,11 @@
 
 Start order: store (migrations applied), then the outbox and the deadline
 timer (so work left by a previous run resumes), then the LMTP and HTTP
-listeners and, when configured, the policy listener (``server.policy``);
-``READY=1`` goes to systemd when they all listen.  Stop order (SIGTERM): the
-policy listener first, then stop accepting, let in-flight deliveries and requests finish,
-let in-flight sends finish, close the store; exit 0.
+listeners and, when configured, the policy and milter listeners
+(``server.policy``, ``server.milter``); ``READY=1`` goes to systemd when they
+all listen.  Stop order (SIGTERM): the policy and milter listeners first, then
+stop accepting, let in-flight deliveries and requests finish, let in-flight
+sends finish, close the store; exit 0.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from masd.clock import Clock
 from masd.config import Config
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler, start_lmtp
+from masd.edges.milter import MilterServer, start_milter
 from masd.edges.outbox import Outbox
 from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
 from masd.edges.sockets import SocketActivationError, inherited_sockets
@@ -91,6 +93,7 @@ class Listening:
     lmtp: asyncio.AbstractServer
     http: HttpServer
     policy: PolicyServer | None = None  # server.policy (Postfix policy delegation)
+    milter: MilterServer | None = None  # server.milter (PROFILE §13)
 
 
 class App:
@@ -118,7 +121,7 @@ class App:
 
     async def start(self) -> Listening:
         inherited = dict(self._sockets) if self._sockets is not None else inherited_sockets()
-        served = {"lmtp", "http", "policy"}  # the listeners started below
+        served = {"lmtp", "http", "policy", "milter"}  # the listeners started below
         unserved = sorted(set(inherited) - served)
         if unserved:
             raise SocketActivationError(
@@ -166,17 +169,32 @@ class App:
                 lmtp.close()
                 await http.close()
                 raise
-        self.listening = Listening(lmtp, http, policy)
+        milter: MilterServer | None = None
+        if server.milter is not None or "milter" in inherited:
+            try:
+                milter = await start_milter(
+                    server.milter,
+                    MilterServer(self.rt, store, self.metrics),
+                    sock=inherited.get("milter"),
+                )
+            except BaseException:
+                lmtp.close()
+                await http.close()
+                if policy is not None:
+                    await policy.close()
+                raise
+        self.listening = Listening(lmtp, http, policy, milter)
         bound = http.addresses[0] if http.addresses else None
         if urlsplit(server.public_url).port == 0 and isinstance(bound, tuple):
             # public_url defaulted from "host:0": statuses go to the port bound.
             host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             self.rt.status_url = f"http://{host}:{bound[1]}/mas/v0.1/messages"
         log.info(
-            "ready lmtp=%s http=%s policy=%s database=%s",
+            "ready lmtp=%s http=%s policy=%s milter=%s database=%s",
             _where(lmtp),
             http.addresses,
             policy.addresses if policy is not None else "off",
+            milter.addresses if milter is not None else "off",
             server.database,
         )
         sd_notify("READY=1")
@@ -195,6 +213,8 @@ class App:
         if self.listening is not None:
             if self.listening.policy is not None:
                 await self.listening.policy.close()
+            if self.listening.milter is not None:
+                await self.listening.milter.close()
             self.listening.lmtp.close()
             await self._drain_lmtp()
             await self.listening.http.close()

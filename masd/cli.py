@@ -123,6 +123,23 @@ def _local(listen: object) -> bool:
 
 
 @main.command()
+@_CONFIG
+@click.option(
+    "--messages", default=100, show_default=True, help="How many recent messages to look at."
+)
+def doctor(config_file: Path, messages: int) -> None:
+    """Check listeners, store, recent mail's authentication, DKIM keys and peers.
+
+    One line per check ("ok" or "FAIL", what, why); exit 1 when any failed.
+    """
+    from masd.doctor import diagnose, report
+
+    text, ok = report(diagnose(_load(config_file), messages=messages))
+    click.echo(text)
+    raise SystemExit(0 if ok else 1)
+
+
+@main.command()
 def demo() -> None:
     """Run a demo on loopback: masd, a demo mode endpoint and a mail sink; print each thread."""
     from masd.demo import main as run_demo

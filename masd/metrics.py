@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 _HELP = {
     "masd_deliveries_total": "LMTP deliveries per recipient, by outcome.",
+    "masd_messages_total": "Messages recorded, by DMARC verdict (absent: no trusted A-R).",
     "masd_outbox_attempts_total": "Outbox delivery attempts, by kind and result.",
     "masd_deadlines_fired_total": "Handoff deadlines reached (timed-out recorded).",
     "masd_policy_requests_total": "Postfix policy delegation requests, by outcome.",

@@ -8,9 +8,10 @@ need masd and Postfix running under systemd: the script runs their ``masd``,
 ``systemctl``, ``journalctl`` and ``postqueue`` (no systemd as PID 1, no
 running Postfix on the CI machine); the Postfix e2e tests run ``postqueue``.
 
-The tests here check the guide against the repository: the Postfix lines it
-explains are the files in packaging/postfix/, the units it names exist, and
-the script covers every line.
+The tests here check the guide against the repository: the Postfix and
+verifier lines it explains are the files in packaging/postfix/ and
+packaging/dmarc/, the units it names exist, and the script covers every line.
+` ```text ` blocks are examples, never run.
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ def script(text: str) -> str:
 
 def test_every_block_is_a_command_block_or_a_quoted_file() -> None:
     for block in blocks(GUIDE.read_text()):
-        assert block.info in ("sh", "sh live", ""), block
+        assert block.info in ("sh", "sh live", "", "text"), block  # text: an example, not run
         if block.info == "":
-            assert block.marker.startswith("postfix:"), block
+            assert block.marker.startswith(("postfix:", "dmarc:")), block
 
 
 def test_every_live_command_is_run_or_named_as_not_run() -> None:
@@ -114,6 +115,21 @@ def test_quoted_postfix_files_are_the_shipped_ones() -> None:
     for marker, block in quoted.items():
         shipped = (ROOT / "packaging" / "postfix" / marker.split(":", 1)[1]).read_text()
         assert "\n".join(block.lines) + "\n" == shipped, marker
+
+
+def test_quoted_dmarc_files_are_the_shipped_ones() -> None:
+    """packaging/dmarc/ (the verifier tests/test_dmarc_e2e.py runs), quoted and explained."""
+    text = GUIDE.read_text()
+    quoted = {b.marker: b for b in blocks(text) if b.marker.startswith("dmarc:")}
+    shipped_files = [p for p in (ROOT / "packaging" / "dmarc").iterdir() if p.suffix != ".md"]
+    assert set(quoted) == {f"dmarc:{p.name}" for p in shipped_files}
+    for path in shipped_files:
+        shipped = path.read_text()
+        assert "\n".join(quoted[f"dmarc:{path.name}"].lines) + "\n" == shipped, path.name
+        for line in shipped.splitlines():
+            if line and not line.startswith("#"):
+                name = line.split()[0]
+                assert f"`{name}" in text, f"no bullet explains {name} of {path.name}"
 
 
 def test_every_postfix_setting_is_explained() -> None:

@@ -38,6 +38,7 @@ from support.postfix import MYHOSTNAME, PostfixInstance, require_postfix
 from masd.testing.peers import FakePeer, ReceivedMail, SmtpSink
 
 WAIT = 20.0
+MILTER_MAX_BYTES = 20_000
 ANN = "ann@example.org"  # passes DMARC: our stand-in authenticator says so
 MALLORY = "mallory@example.com"  # never authenticated
 AUTHENTICATED = "X-Test-Authenticated"
@@ -65,9 +66,17 @@ def free_ports(n: int) -> list[int]:
 
 
 def write_masd_config(
-    directory: Path, *, endpoint_url: str, smtp_port: int, lmtp: int, http: int, policy: int
+    directory: Path,
+    *,
+    endpoint_url: str,
+    smtp_port: int,
+    lmtp: int,
+    http: int,
+    policy: int,
+    extra: str = "",
 ) -> MasdSetup:
-    """masd.toml for type ``ticket`` (master) of help.example, with the policy listener."""
+    """masd.toml for type ``ticket`` (master) of help.example, with the policy listener;
+    ``extra``: more ``[server]`` lines."""
     directory.mkdir(parents=True)
     admin_token = "admin-" + secrets.token_hex(16)
     endpoint_token = "callback-" + secrets.token_hex(16)
@@ -83,7 +92,7 @@ smtp_relay = "127.0.0.1:{smtp_port}"
 trusted_authserv_ids = ["{MYHOSTNAME}"]
 admin_token_file = "secrets/admin.token"
 hostname = "masd.{DOMAIN}"
-
+{extra}
 [domains."{DOMAIN}".types.ticket]
 role = "master"
 modes = ["callback"]
@@ -138,12 +147,15 @@ class Deployment:
 
 
 @asynccontextmanager
-async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
+async def deployment(tmp_path: Path, *, milter: bool = False) -> AsyncIterator[Deployment]:
+    """Postfix in front of masd; with ``milter``, Postfix asks masd's milter listener
+    (``smtpd_milters``) instead of its policy listener, and masd's size limit is
+    :data:`MILTER_MAX_BYTES`."""
     programs = require_postfix()
     async with FakePeer() as endpoint, SmtpSink() as sink:
         # Postfix's site values name masd's listeners; masd's smtp_relay is
         # Postfix's SMTP port, which the instance picks.
-        lmtp, http_port, policy = free_ports(3)
+        lmtp, http_port, policy, milter_port = free_ports(4)
         postfix = PostfixInstance(
             masd_lmtp=f"inet:127.0.0.1:{lmtp}",
             masd_policy=f"inet:127.0.0.1:{policy}",
@@ -158,7 +170,18 @@ async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
                 lmtp=lmtp,
                 http=http_port,
                 policy=policy,
+                extra=(
+                    f'milter = "127.0.0.1:{milter_port}"\nmax_message_bytes = {MILTER_MAX_BYTES}\n'
+                    if milter
+                    else ""
+                ),
             )
+            if milter:
+                postfix.postconf(
+                    "-e",
+                    f"smtpd_milters = inet:127.0.0.1:{milter_port}",
+                    "smtpd_recipient_restrictions =",
+                )
             await postfix.start()
             async with (
                 MasdProcess(setup.config, tmp_path / "masd.log") as masd,
@@ -470,3 +493,38 @@ def test_readme_postfix_section_is_packaging_postfix() -> None:
         text = (ROOT / "packaging" / "postfix" / name).read_text()
         assert f"packaging/postfix/{name}" in section
         assert f"\n```\n{text}```\n" in section, f"README does not quote {name} verbatim"
+
+
+@pytest.mark.postfix
+def test_milter_refuses_at_rcpt_and_at_end_of_data(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with deployment(tmp_path, milter=True) as d:
+            # Postfix asks masd's milter (no policy service here) about each RCPT.
+            code, text = await d.postfix.rcpt(MALLORY, "ticket=ticket-7@help.example")
+            assert (code, text) == (550, b"5.1.1 id: no case ticket=ticket-7@help.example")
+            code, text = await d.postfix.rcpt(MALLORY, "nosuch@help.example")
+            assert (code, text) == (550, b"5.1.1 type: no type 'nosuch' at help.example")
+            code, text = await d.postfix.rcpt(MALLORY, "ticket@help.example")
+            assert code == 250, text
+            log = await d.postfix.wait_log("milter-reject: RCPT from")
+            assert "550 5.1.1 id: no case ticket=ticket-7@help.example" in log
+            assert "check_policy_service" not in d.postfix.postconf("smtpd_recipient_restrictions")
+
+            # Over masd's max_message_bytes: refused at end of data, never queued.
+            _, data = make_mail(ANN, "ticket@help.example", body="x" * MILTER_MAX_BYTES + "\n")
+            with pytest.raises(smtplib.SMTPDataError) as caught:
+                await d.postfix.send(ANN, ["ticket@help.example"], data)
+            assert caught.value.smtp_code == 552
+            assert caught.value.smtp_error.startswith(b"5.3.4 message of "), caught.value
+            assert d.postfix.queue() == []
+
+            # A mail within the limit, to a good address, goes through to masd.
+            _, data = make_mail(ANN, "ticket@help.example", subject="Small")
+            assert await d.postfix.send(ANN, ["ticket@help.example"], data) == {}
+            entries = await d.wait_thread(
+                "ticket=ticket-1@help.example", lambda e: len(mail_in(e)) == 1, "the mail"
+            )
+            assert mail_in(entries)[0]["subject"] == "Small"
+            await d.wait_queue_empty()
+
+    run(main)

@@ -32,6 +32,7 @@ from masd.core.address import Address, parse_address
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
 from masd.core.trust import TrustSettings
+from masd.doctor import TrustWatch
 from masd.edges.limits import Gate
 from masd.edges.lmtp_replies import MAX_DETAIL, RecipientReplies, Replies, ReplyCode
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
@@ -115,6 +116,7 @@ class LmtpHandler:
         )
         self.size_limit = server.max_message_bytes
         self._inflight: set[asyncio.Task[str]] = set()
+        self.trust_watch = TrustWatch(metrics, server.trusted_authserv_ids)
 
     # -- aiosmtpd hooks -------------------------------------------------------
 
@@ -286,6 +288,8 @@ class LmtpHandler:
                 reply.outcome,
             )
             self.metrics.inc(METRIC, outcome=reply.outcome)
+            if not done.duplicate:
+                self.trust_watch.observe(mail.auth.dmarc)
             return reply.line(text), done.wakes
         if reply is not Replies.FAULT:
             log.info("rcpt=%s refused at DATA reply=%s detail=%s", rcpt, reply.code, text)

@@ -34,6 +34,12 @@ DEBIAN_PACKAGES = {
     "python3.11": "python3.11-venv",
     "pipx": "pipx",
     "make": "make",
+    "miltertest": "miltertest",
+    "opendkim": "opendkim",
+    "opendmarc": "opendmarc",
+    "dnsmasq": "dnsmasq-base",
+    "openssl": "openssl",
+    "unshare": "util-linux",
 }
 
 

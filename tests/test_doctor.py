@@ -1,0 +1,262 @@
+"""``masd doctor``, the ``masd_messages_total`` counter and the untrusted-mail warning.
+
+masd runs as a process (:mod:`support.masd_process`) with a real store; mail
+goes in over LMTP as an MX hands it over, with its Authentication-Results
+written under our authserv-id or another one; ``masd doctor`` runs as the
+command an operator types.  Peers are real servers on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from support.masd_process import (
+    ROOT,
+    MasdProcess,
+    MasterSetup,
+    free_port,
+    mx_mail,
+    write_master_config,
+)
+
+from masd.config import TcpListen, UnixListen, load_config
+from masd.doctor import (
+    WINDOW,
+    Finding,
+    TrustSummary,
+    TrustWatch,
+    authserv_ids,
+    check_accepts,
+    check_dkim,
+    check_greets,
+    diagnose,
+    report,
+    trust_finding,
+)
+from masd.lmtpclient import LmtpConnection
+from masd.metrics import Metrics
+from masd.testing.peers import FakePeer, SmtpSink
+
+OTHER_ID = "mx.other.example"
+
+
+def doctor(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masd", "doctor", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+async def send(setup: MasterSetup, mails: list[bytes]) -> None:
+    """Every mail in one LMTP session, each to a new case; all must be recorded."""
+    async with await LmtpConnection.open(("127.0.0.1", setup.lmtp_port), timeout=20) as conn:
+        for raw in mails:
+            result = await conn.send("ann@example.org", ["ticket@help.example"], raw)
+            assert result.codes == (250,), result
+
+
+async def metrics(setup: MasterSetup) -> str:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return (await client.get(f"{setup.http_url}/metrics")).text
+
+
+# --------------------------------------------------------------------------- masd doctor
+
+
+def test_doctor_names_the_cause_when_no_mail_is_authenticated(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with FakePeer() as peer, SmtpSink() as sink:
+            setup = write_master_config(
+                tmp_path, endpoint_url=peer.url + "mas", smtp_port=sink.port
+            )
+            async with MasdProcess(setup.config, tmp_path / "masd.log") as masd:
+                # An MTA that writes its results under another authserv-id...
+                mails = [
+                    mx_mail("ann@example.org", "ticket@help.example", authserv_id=OTHER_ID)[1]
+                    for _ in range(3)
+                ]
+                # ...and one with none at all.
+                mails.append(mx_mail("ann@example.org", "ticket@help.example", dmarc=None)[1])
+                await send(setup, mails)
+                text = await metrics(setup)
+                assert 'masd_messages_total{trust="absent"} 4' in text, text
+
+                done = await asyncio.to_thread(doctor, setup.config)
+                assert done.returncode == 1, done.stdout + done.stderr
+                lines = done.stdout.splitlines()
+                (line,) = [x for x in lines if x.startswith("FAIL authentication:")]
+                assert (
+                    "0 of 4 messages had an A-R from mx.help.example; "
+                    "3 had one from mx.other.example: "
+                ) in line, line
+                assert "server.trusted_authserv_ids" in line
+                assert lines[-1] == "1 problem"
+                # Everything else is fine: listeners, store, relay, the endpoint.
+                for what in ("listener lmtp", "listener http", "store", "smtp relay"):
+                    assert any(x.startswith(f"ok   {what}:") for x in lines), lines
+                assert any(
+                    x.startswith("ok   peer help.example type ticket mode callback:") for x in lines
+                ), lines
+                assert await masd.terminate() == 0
+
+    asyncio.run(main())
+
+
+def test_doctor_passes_a_healthy_instance_and_fails_a_stopped_one(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with FakePeer() as peer, SmtpSink() as sink:
+            setup = write_master_config(
+                tmp_path, endpoint_url=peer.url + "mas", smtp_port=sink.port
+            )
+            async with MasdProcess(setup.config, tmp_path / "masd.log") as masd:
+                await send(setup, [mx_mail("ann@example.org", "ticket@help.example")[1]])
+                done = await asyncio.to_thread(doctor, setup.config)
+                assert done.returncode == 0, done.stdout + done.stderr
+                assert "ok   authentication: 1 of 1 messages had an A-R from mx.help.example" in (
+                    done.stdout
+                )
+                assert done.stdout.splitlines()[-1] == "no problems"
+                assert await masd.terminate() == 0
+
+            # masd stopped: its listeners do not answer, and doctor says so.
+            done = await asyncio.to_thread(doctor, setup.config, "--messages", "10")
+            assert done.returncode == 1
+            assert f"FAIL listener lmtp: 127.0.0.1:{setup.lmtp_port}: Connection refused" in (
+                done.stdout
+            ), done.stdout
+            assert "FAIL listener http:" in done.stdout
+            assert "ok   store:" in done.stdout  # the store is still there
+
+    asyncio.run(main())
+
+
+def test_doctor_without_a_store_and_with_peers_down(tmp_path: Path) -> None:
+    setup = write_master_config(
+        tmp_path, endpoint_url=f"http://127.0.0.1:{free_port()}/mas", smtp_port=free_port()
+    )
+    findings = diagnose(load_config(setup.config))
+    text, ok = report(findings)
+    assert not ok
+    assert f"FAIL store: {tmp_path / 'masd.db'} does not exist" in text, text
+    assert "FAIL smtp relay: 127.0.0.1:" in text
+    assert "FAIL peer help.example type ticket mode callback: http://127.0.0.1:" in text
+    assert text.splitlines()[-1] == f"{sum(not f.ok for f in findings)} problems"
+
+
+def test_doctor_checks_dkim_keys(tmp_path: Path) -> None:
+    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=9)
+    key = tmp_path / "help.example.key"
+    done = subprocess.run(["openssl", "genrsa", "2048"], capture_output=True, check=True)
+    key.write_bytes(done.stdout)
+    key.chmod(0o600)
+    text = setup.config.read_text().replace(
+        '[domains."help.example".types.ticket]',
+        '[domains."help.example"]\ndkim = { selector = "mas", key_file = "help.example.key" }\n\n'
+        '[domains."help.example".types.ticket]',
+    )
+    setup.config.write_text(text)
+    config = load_config(setup.config)
+    (finding,) = check_dkim(config)
+    assert finding == Finding(
+        True, "dkim help.example selector mas", f"{key} is readable and signs"
+    )
+    key.write_bytes(b"-----BEGIN RSA PRIVATE KEY-----\nnot a key\n-----END RSA PRIVATE KEY-----\n")
+    (finding,) = check_dkim(config)
+    assert not finding.ok
+    assert finding.why.startswith(f"{key} does not sign: ")
+    key.unlink()
+    (finding,) = check_dkim(config)
+    assert finding == Finding(
+        False, "dkim help.example selector mas", f"{key}: No such file or directory"
+    )
+
+
+# --------------------------------------------------------------------------- the parts
+
+
+def test_authserv_ids_of_every_header_top_down() -> None:
+    head = (
+        b"Authentication-Results: MX.Help.Example.;\r\n dmarc=pass header.from=a.example\r\n"
+        b"Received: from x by y; Mon, 1 Dec 2025 10:00:00 +0000\r\n"
+        b"Authentication-Results: (comment) mx.other.example 1; spf=pass\r\n"
+        b"Authentication-Results: mx.third.example; none\r\n"
+        b"Subject: hi\r\n\r\nbody"
+    )
+    assert authserv_ids(head) == ["mx.help.example", "mx.other.example", "mx.third.example"]
+    assert authserv_ids(b"Subject: none\r\n\r\n") == []
+
+
+def test_trust_finding_texts() -> None:
+    ids = ("mx.help.example",)
+    assert trust_finding(TrustSummary(0, 0, ()), ids) == Finding(
+        True, "authentication", "no messages recorded yet"
+    )
+    ok = trust_finding(TrustSummary(120, 2, (("mx.other.example", 118),)), ids)
+    assert ok.ok
+    assert ok.why == (
+        "2 of 120 messages had an A-R from mx.help.example; 118 had one from mx.other.example"
+    )
+    below = trust_finding(TrustSummary(5, 0, (("mx.help.example", 5),)), ids)
+    assert not below.ok
+    assert "5 had one from mx.help.example below a host not in server.trusted_hosts" in below.why
+    assert "does a DMARC verifier run in front of masd?" in below.why
+
+
+def test_trust_watch_counts_and_warns_once_per_window(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics()
+    watch = TrustWatch(metrics, ["mx.help.example"])
+    with caplog.at_level(logging.WARNING, logger="masd.trust"):
+        for _ in range(WINDOW - 1):
+            watch.observe("absent")
+        assert caplog.records == []
+        watch.observe("pass")  # one trusted message starts the count again
+        for _ in range(WINDOW - 1):
+            watch.observe("absent")
+        assert caplog.records == []
+        watch.observe("absent")
+        (record,) = caplog.records
+    assert "the last 100 messages carried no trusted Authentication-Results" in record.message
+    assert "mx.help.example" in record.message
+    assert metrics.value("masd_messages_total", trust="absent") == 2 * WINDOW - 1
+    assert metrics.value("masd_messages_total", trust="pass") == 1
+
+
+def test_a_hundred_untrusted_messages_are_warned_about_in_masd_log(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with FakePeer() as peer, SmtpSink() as sink:
+            setup = write_master_config(
+                tmp_path, endpoint_url=peer.url + "mas", smtp_port=sink.port
+            )
+            async with MasdProcess(setup.config, tmp_path / "masd.log") as masd:
+                mails = [
+                    mx_mail("ann@example.org", "ticket@help.example", dmarc=None)[1]
+                    for _ in range(WINDOW)
+                ]
+                await send(setup, mails)
+                warnings = [
+                    line for line in masd.log().splitlines() if "WARNING masd.trust" in line
+                ]
+                assert len(warnings) == 1, masd.log()
+                assert "the last 100 messages carried no trusted" in warnings[0]
+                assert await masd.terminate() == 0
+
+    asyncio.run(main())
+
+
+def test_listener_checks_name_the_address(tmp_path: Path) -> None:
+    port = free_port()
+    finding = check_accepts("listener milter", TcpListen("127.0.0.1", port))
+    assert finding == Finding(False, "listener milter", f"127.0.0.1:{port}: Connection refused")
+    path = tmp_path / "none.sock"
+    finding = check_greets("listener lmtp", UnixListen(path))
+    assert finding == Finding(False, "listener lmtp", f"unix:{path}: No such file or directory")

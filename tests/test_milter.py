@@ -1,0 +1,366 @@
+"""The milter listener on real sockets, asked by clients that are not masd's code.
+
+Two clients: ``miltertest`` (OpenDKIM's libmilter-compatible test client,
+scripted in Lua, from Debian) plays an MTA through whole SMTP transactions;
+:class:`RawMta` writes the milter wire format by hand (a 4-octet length, a
+command letter, NUL-ended strings) so the exact reply bytes can be read.
+A real Store in tmp_path; cases are created through the LMTP edge's own
+recording, so the answers are checked against what masd really stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import socket
+import struct
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from support.masd_process import free_port
+from support.system import require_program
+
+from masd.app import App
+from masd.clock import Clock
+from masd.config import Config, TcpListen, UnixListen, load_config
+from masd.edges.lmtp import LmtpHandler
+from masd.edges.milter import METRIC, MilterListenError, MilterServer, start_milter
+from masd.metrics import Metrics
+from masd.service import Runtime
+from masd.store import Store
+
+WAIT = 10.0
+MAX_BYTES = 4000
+
+CONFIG = """
+[server]
+database = "masd.db"
+trusted_authserv_ids = ["mx.help.example"]
+max_message_bytes = {max_bytes}
+{listeners}
+
+[domains."help.example".types.ticket]
+role = "master"
+modes = ["callback"]
+
+[domains."help.example".types.ticket.endpoints.callback]
+url = "http://127.0.0.1:9/mas/callback"
+token_file = "callback.token"
+deadline = "2h"
+"""
+
+
+def write_config(directory: Path, listeners: str = "") -> Config:
+    token = directory / "callback.token"
+    token.write_text(secrets.token_hex(16) + "\n")
+    token.chmod(0o600)
+    path = directory / "masd.toml"
+    path.write_text(CONFIG.format(listeners=listeners, max_bytes=MAX_BYTES))
+    return load_config(path)
+
+
+# --------------------------------------------------------------------------- a hand-written MTA
+
+
+def frame(command: bytes, *strings: bytes) -> bytes:
+    data = command + b"".join(s + b"\0" for s in strings)
+    return struct.pack("!L", len(data)) + data
+
+
+class RawMta:
+    """The MTA's side of the milter protocol, written out by hand."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def read(self) -> tuple[bytes, bytes]:
+        """The next frame from masd: (command letter, data)."""
+        async with asyncio.timeout(WAIT):
+            (size,) = struct.unpack("!L", await self.reader.readexactly(4))
+            data = await self.reader.readexactly(size)
+        return data[:1], data[1:]
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def start(self) -> tuple[int, int, int]:
+        """Negotiate: offer version 6, every action and every protocol option."""
+        payload = b"O" + struct.pack("!LLL", 6, 0x1FF, 0x001FFFFF)
+        await self.send(struct.pack("!L", len(payload)) + payload)
+        command, data = await self.read()
+        assert command == b"O", (command, data)
+        version, actions, steps = struct.unpack("!LLL", data[:12])
+        return version, actions, steps
+
+    async def ask(self, command: bytes, *strings: bytes) -> tuple[bytes, bytes]:
+        await self.send(frame(command, *strings))
+        return await self.read()
+
+    async def at_eof(self) -> bool:
+        try:
+            async with asyncio.timeout(WAIT):
+                return await self.reader.read() == b""
+        except ConnectionResetError:
+            return True
+
+    async def close(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+
+
+@dataclass
+class Rig:
+    config: Config
+    store: Store
+    metrics: Metrics
+    server: MilterServer
+    lmtp: LmtpHandler
+
+    @property
+    def port(self) -> int:
+        (address,) = self.server.addresses
+        assert isinstance(address, tuple)
+        return int(address[1])
+
+    @contextlib.asynccontextmanager
+    async def mta(self) -> AsyncIterator[RawMta]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        mta = RawMta(reader, writer)
+        try:
+            yield mta
+        finally:
+            await mta.close()
+
+    async def open_case(self) -> str:
+        raw = (
+            b"From: ann@example.org\r\nTo: ticket@help.example\r\nSubject: hi\r\n"
+            b"Message-ID: <" + secrets.token_hex(8).encode() + b"@example.org>\r\n\r\nHello.\r\n"
+        )
+        replies = await self.lmtp.record(raw, "ann@example.org", ["ticket@help.example"])
+        assert replies.startswith("250 "), replies
+        cases = await self.store.read(
+            lambda db: [r[0] for r in db.execute("SELECT address FROM cases ORDER BY rowid")]
+        )
+        return str(cases[-1])
+
+
+@contextlib.asynccontextmanager
+async def rig(tmp_path: Path, listen: TcpListen | UnixListen | None = None) -> AsyncIterator[Rig]:
+    config = write_config(tmp_path)
+    store = await asyncio.to_thread(Store.open, tmp_path / "masd.db")
+    metrics = Metrics()
+    rt = Runtime(config, lambda: secrets.token_hex(16))
+    lmtp = LmtpHandler(rt, store, Clock(), metrics, lambda: None)
+    server = await start_milter(
+        listen or TcpListen("127.0.0.1", 0), MilterServer(rt, store, metrics)
+    )
+    try:
+        yield Rig(config, store, metrics, server, lmtp)
+    finally:
+        await server.close()
+        await asyncio.to_thread(store.close)
+
+
+# --------------------------------------------------------------------------- the wire, by hand
+
+
+def test_recipient_answers_are_the_lmtp_edge_answers(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            case = await r.open_case()
+            async with r.mta() as mta:
+                version, actions, steps = await mta.start()
+                assert version == 6
+                assert actions == 0  # masd never changes a message
+                assert steps & 0x3 == 0x3  # no connect, no helo events wanted
+                assert await mta.ask(b"M", b"<ann@example.org>") == (b"c", b"")
+                assert await mta.ask(b"R", f"<{case}>".encode()) == (b"c", b"")
+                assert await mta.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
+                assert await mta.ask(b"R", b"<ann@elsewhere.example>") == (b"c", b"")
+                assert await mta.ask(b"R", b"<ticket=ticket-7@help.example>") == (
+                    b"y",
+                    b"550 5.1.1 id: no case ticket=ticket-7@help.example\0",
+                )
+                assert await mta.ask(b"R", b"<nosuch@help.example>") == (
+                    b"y",
+                    b"550 5.1.1 type: no type 'nosuch' at help.example\0",
+                )
+            assert r.metrics.value(METRIC, stage="rcpt", outcome="unknown-case") == 1
+
+    asyncio.run(main())
+
+
+def test_store_unavailable_is_a_temporary_refusal(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            case = await r.open_case()
+            await asyncio.to_thread(r.store.close)
+            async with r.mta() as mta:
+                await mta.start()
+                assert await mta.ask(b"M", b"<ann@example.org>") == (b"c", b"")
+                assert await mta.ask(b"R", f"<{case}>".encode()) == (
+                    b"y",
+                    b"451 4.3.0 store unavailable, try again later\0",
+                )
+                # An intake address needs no store: still accepted.
+                assert await mta.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
+
+    asyncio.run(main())
+
+
+def test_message_over_the_limit_refused_at_end_of_data(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r, r.mta() as mta:
+            await mta.start()
+            for body, expected in ((b"x" * (MAX_BYTES + 1), b"y"), (b"Hello.\r\n", b"c")):
+                assert await mta.ask(b"M", b"<ann@example.org>") == (b"c", b"")
+                assert await mta.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
+                # Header and body events need no answer (masd asked for none).
+                await mta.send(frame(b"L", b"Subject", b"hi"))
+                await mta.send(struct.pack("!L", len(body) + 1) + b"B" + body)
+                command, data = await mta.ask(b"E")
+                assert command == expected, (command, data)
+                if expected == b"y":
+                    assert data.startswith(b"552 5.3.4 message of "), data
+            # The body's last piece may come with end of data itself.
+            assert await mta.ask(b"M", b"<ann@example.org>") == (b"c", b"")
+            assert await mta.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
+            last = b"x" * (MAX_BYTES + 1)
+            await mta.send(struct.pack("!L", len(last) + 1) + b"E" + last)
+            command, data = await mta.read()
+            assert (command, data[:10]) == (b"y", b"552 5.3.4 ")
+            assert r.metrics.value(METRIC, stage="eom", outcome="too-big") == 2
+
+    asyncio.run(main())
+
+
+def test_protocol_errors_close_the_connection_not_the_listener(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            for garbage in (
+                b"\x00\x00\x00\x01Z",  # an unknown command
+                frame(b"R", b"<ticket@help.example>"),  # RCPT before negotiation is fine...
+                struct.pack("!L", 1 << 30) + b"B",  # a frame larger than any buffer
+            ):
+                async with r.mta() as mta:
+                    await mta.send(garbage)
+                    if garbage[4:5] == b"R":
+                        assert await mta.read() == (b"c", b"")
+                        await mta.send(b"\x00\x00\x00\x01Z")
+                    assert await mta.at_eof()
+            async with r.mta() as mta:  # still listening
+                await mta.start()
+                assert await mta.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
+
+    asyncio.run(main())
+
+
+def test_unix_socket_and_listen_errors(tmp_path: Path) -> None:
+    async def main() -> None:
+        path = tmp_path / "milter.sock"
+        async with rig(tmp_path, UnixListen(path)) as r:
+            assert oct(path.stat().st_mode & 0o777) == oct(0o660)
+            reader, writer = await asyncio.open_unix_connection(str(path))
+            mta = RawMta(reader, writer)
+            await mta.start()
+            assert await mta.ask(b"R", b"<nosuch@help.example>") == (
+                b"y",
+                b"550 5.1.1 type: no type 'nosuch' at help.example\0",
+            )
+            await mta.close()
+            with socket.socket() as busy:
+                busy.bind(("127.0.0.1", 0))
+                busy.listen()
+                port = busy.getsockname()[1]
+                with pytest.raises(MilterListenError, match="cannot listen on"):
+                    await start_milter(TcpListen("127.0.0.1", port), r.server)
+
+    asyncio.run(main())
+
+
+def test_app_runs_the_milter_listener_when_configured(tmp_path: Path) -> None:
+    async def main() -> None:
+        lmtp, http, milter = free_port(), free_port(), free_port()
+        listeners = f'lmtp = "127.0.0.1:{lmtp}"\nhttp = "127.0.0.1:{http}"\n'
+        app = App(write_config(tmp_path, listeners + f'milter = "127.0.0.1:{milter}"'), sockets={})
+        listening = await app.start()
+        try:
+            assert listening.milter is not None
+            reader, writer = await asyncio.open_connection("127.0.0.1", milter)
+            mta = RawMta(reader, writer)
+            await mta.start()
+            assert (await mta.ask(b"R", b"<ticket=ticket-1@help.example>"))[0] == b"y"
+            await app.stop()
+            assert await mta.at_eof()  # stopping closed the open connection
+            await mta.close()
+            with pytest.raises(ConnectionRefusedError):
+                await asyncio.open_connection("127.0.0.1", milter)
+        finally:
+            await app.stop()
+        other = tmp_path / "other"
+        other.mkdir()
+        app = App(write_config(other, listeners), sockets={})
+        try:
+            assert (await app.start()).milter is None
+        finally:
+            await app.stop()
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- miltertest
+
+MILTERTEST = """\
+local conn = mt.connect("inet:{port}@127.0.0.1", 10, 0.2)
+if conn == nil then error("cannot connect") end
+local function expect(what, reply, want)
+  if reply ~= nil then error(what .. " failed: " .. tostring(reply)) end
+  if mt.getreply(conn) ~= want then error(what .. ": unexpected reply") end
+  mt.echo(what .. " ok")
+end
+-- masd asks for no connect and helo events: mt.mailfrom skips them
+expect("mail", mt.mailfrom(conn, "<ann@example.org>"), SMFIR_CONTINUE)
+expect("rcpt case", mt.rcptto(conn, "<{case}>"), SMFIR_CONTINUE)
+expect("rcpt intake", mt.rcptto(conn, "<ticket@help.example>"), SMFIR_CONTINUE)
+expect("rcpt unknown case", mt.rcptto(conn, "<ticket=ticket-9@help.example>"), SMFIR_REPLYCODE)
+expect("rcpt unknown type", mt.rcptto(conn, "<nosuch@help.example>"), SMFIR_REPLYCODE)
+expect("rcpt other domain", mt.rcptto(conn, "<bob@elsewhere.example>"), SMFIR_CONTINUE)
+mt.header(conn, "From", "ann@example.org")
+mt.header(conn, "Subject", "a large one")
+mt.bodystring(conn, string.rep("0123456789abcdef\\r\\n", {lines}))
+expect("eom over the limit", mt.eom(conn), SMFIR_REPLYCODE)
+mt.disconnect(conn)
+"""
+
+
+def test_miltertest_plays_an_mta_against_masd(tmp_path: Path) -> None:
+    miltertest = require_program("miltertest")
+
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            case = await r.open_case()
+            script = tmp_path / "masd.lua"
+            lines = MAX_BYTES // 18 + 1
+            script.write_text(MILTERTEST.format(port=r.port, case=case, lines=lines))
+            done = await asyncio.to_thread(
+                subprocess.run,
+                [miltertest, "-v", "-s", str(script)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            output = done.stdout + done.stderr
+            assert done.returncode == 0, output
+            for step in ("rcpt unknown case ok", "rcpt other domain ok", "eom over the limit ok"):
+                assert step in output, output
+            assert r.metrics.value(METRIC, stage="rcpt", outcome="unknown-type") == 1
+
+    asyncio.run(main())
