@@ -5,8 +5,9 @@ See :mod:`masd.store.schema` for the tables and :mod:`masd.store.db` for the
 write/read model.
 """
 
+from masd.core.kinds import THREAD_KINDS
 from masd.store.db import MAX_BATCH, Store, StoreError, StoreStats, backup, migrate
-from masd.store.schema import MIGRATIONS, THREAD_KINDS, Migration, append_thread, dumps, next_number
+from masd.store.schema import MIGRATIONS, Migration, append_thread, dumps, next_number
 
 __all__ = [
     "MAX_BATCH",
