@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from masd.clock import Clock
 from masd.config import Config
+from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler, start_lmtp
 from masd.edges.outbox import Outbox
@@ -30,7 +31,7 @@ from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
 from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
 from masd.metrics import Metrics
-from masd.service import PURGE_BATCH, CommitListener, Runtime, Wakes, purge
+from masd.service import PURGE_BATCH, Runtime, Wakes, purge
 from masd.store import Store
 
 log = logging.getLogger("masd.app")
@@ -66,13 +67,13 @@ def new_id() -> str:
     return secrets.token_hex(16)
 
 
-class Wakeup(CommitListener):
+class Wakeup:
     """Wakes the outbox and the deadline timer for what a commit gave them to do.
 
-    The edges tell it each committed job's :class:`~masd.service.Wakes`: the
-    outbox is woken only when rows were queued, the timer only for a deadline
-    sooner than the one it sleeps until.  Called with no argument (the test
-    clock moved), it wakes both.
+    The app's :class:`~masd.service.CommitListener`: the edges tell it each
+    committed job's :class:`~masd.service.Wakes`; the outbox is woken only
+    when rows were queued, the timer only for a deadline sooner than the one
+    it sleeps until.
     """
 
     def __init__(self) -> None:
@@ -127,13 +128,14 @@ class App:
             )
         self.store = await asyncio.to_thread(Store.open, self.config.server.database)
         store = self.store
-        self.outbox = Outbox(self.rt, store, self.clock, self.metrics, on_commit=self.wakeup)
-        self.timer = DeadlineTimer(self.rt, store, self.clock, self.metrics, self.wakeup)
+        ctx = EdgeContext(self.rt, store, self.clock, self.metrics, self.wakeup)
+        self.outbox = Outbox(ctx)
+        self.timer = DeadlineTimer(ctx)
         self.wakeup.outbox, self.wakeup.timer = self.outbox, self.timer
         self.outbox.start()
         self.timer.start()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
-        self.lmtp_handler = LmtpHandler(self.rt, store, self.clock, self.metrics, self.wakeup)
+        self.lmtp_handler = LmtpHandler(ctx)
         server = self.config.server
         lmtp = await start_lmtp(
             server.lmtp,
@@ -142,7 +144,7 @@ class App:
             max_message_bytes=server.max_message_bytes,
             sock=inherited.get("lmtp"),
         )
-        self.http_edge = HttpEdge(self.rt, store, self.clock, self.metrics, self.wakeup)
+        self.http_edge = HttpEdge(ctx)
         try:
             http = await start_http(server.http, self.http_edge, sock=inherited.get("http"))
         except BaseException:
@@ -153,7 +155,7 @@ class App:
             try:
                 policy = await start_policy(
                     server.policy,
-                    PolicyHandler(self.rt, store, self.metrics),
+                    PolicyHandler(ctx),
                     sock=inherited.get("policy"),
                 )
             except BaseException:

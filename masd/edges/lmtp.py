@@ -36,7 +36,7 @@ import re
 import secrets
 import socket
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, AnyStr, Final
@@ -45,13 +45,12 @@ from aiosmtpd.lmtp import LMTP
 from aiosmtpd.smtp import SMTP, Envelope, Session, syntax
 
 from masd import service
-from masd.clock import Clock
 from masd.config import Listen, TcpListen, UnixListen
 from masd.core.address import Address, parse_address
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
 from masd.core.trust import TrustSettings
-from masd.metrics import Metrics
+from masd.edges.context import EdgeContext
 from masd.service import Runtime, UnknownCase
 from masd.store import Store
 
@@ -170,19 +169,12 @@ def _sender(mail_from: str | None) -> str:
 class LmtpHandler:
     """Recipient checks at RCPT, recording at DATA (aiosmtpd's ``handle_*`` hooks)."""
 
-    def __init__(
-        self,
-        rt: Runtime,
-        store: Store,
-        clock: Clock,
-        metrics: Metrics,
-        on_commit: Callable[[], None],
-    ) -> None:
-        self.rt = rt
-        self.store = store
-        self.clock = clock
-        self.metrics = metrics
-        self.on_commit = on_commit
+    def __init__(self, ctx: EdgeContext) -> None:
+        rt = self.rt = ctx.rt
+        self.store = ctx.store
+        self.clock = ctx.clock
+        self.metrics = ctx.metrics
+        self.on_commit = ctx.listener
         server = rt.config.server
         self._delimiter = server.recipient_delimiter
         self._domains = rt.config.domains
@@ -295,7 +287,7 @@ class LmtpHandler:
         woke = [wakes for _, wakes in results if wakes is not None]
         if woke:
             try:
-                service.committed(self.on_commit, service.Wakes.union(woke))
+                self.on_commit.committed(service.Wakes.union(woke))
             except Exception:
                 log.exception("on_commit failed after a delivery")
         return RecipientReplies("\r\n".join(line for line, _ in results))

@@ -8,7 +8,7 @@ Conventions every table follows:
   numeric comparisons.  RFC 3339 strings appear only inside JSON payloads and
   on the wire; the read side formats ``at`` when it shows a thread.
 - **JSON columns** (``policy``, ``event``, ``details``, ``data``) are ``TEXT``
-  holding one JSON document (see :func:`dumps`); a ``CHECK
+  holding one JSON document (see :func:`masd.store.sql.dumps`); a ``CHECK
   (json_valid(..))`` refuses anything else.
 - Tables are ``STRICT``: a value of the wrong type (a timestamp string in a
   ``REAL`` column, say) is refused by SQLite instead of being stored.
@@ -36,14 +36,10 @@ text by its SHA-256 and the schema they build together.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import NamedTuple
 
 from sqlite_utils import Database
-
-from masd.core.errors import MasdError
-from masd.core.kinds import THREAD_KINDS
 
 
 class Migration(NamedTuple):
@@ -190,56 +186,3 @@ CREATE INDEX send_log_recipient ON send_log (recipient, at);
 """  # noqa: E501
 
 MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", INITIAL),)
-
-
-#: One encoder for every call (``json.dumps`` with options builds a new one each
-#: time); it keeps no state between calls, so threads may share it.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-
-
-def dumps(value: object) -> str:
-    """The one JSON encoding of the JSON columns: compact, UTF-8, keys sorted."""
-    return _ENCODER.encode(value)
-
-
-def next_number(db: Database, domain: str, type_: str) -> int:
-    """Take the next master-role id number for (domain, type): 1, 2, ...
-
-    PROFILE §1: "email assigns ids ``<id_prefix><n>`` ... n = 1, 2, … per
-    domain and type, never reused."  The bump is part of the caller's job, so
-    a job that rolls back gives its number back only together with the case
-    that would have used it.
-    """
-    rows = db.execute(
-        "INSERT INTO id_counters (domain, type, next_n) VALUES (?, ?, 2) "
-        "ON CONFLICT (domain, type) DO UPDATE SET next_n = next_n + 1 "
-        "RETURNING next_n - 1",
-        (domain, type_),
-    ).fetchall()
-    return int(rows[0][0])
-
-
-def append_thread(
-    db: Database, case_key: str, kind: str, data: Mapping[str, object], *, at: float
-) -> int:
-    """Append one entry to a case's thread and return its per-case ``seq``.
-
-    ``seq`` comes from ``cases.thread_seq``, bumped in the same job, so seqs
-    are 1, 2, ... per case with no gaps and no reuse.
-    """
-    if kind not in THREAD_KINDS:
-        raise MasdError(
-            f"thread kind {kind!r} is not one of {sorted(THREAD_KINDS)}", code="bad-thread-kind"
-        )
-    rows = db.execute(
-        "UPDATE cases SET thread_seq = thread_seq + 1 WHERE key = ? RETURNING thread_seq",
-        (case_key,),
-    ).fetchall()
-    if not rows:
-        raise MasdError(f"no case {case_key!r} to append a {kind} entry to", code="unknown-case")
-    seq = int(rows[0][0])
-    db.execute(
-        "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)",
-        (case_key, seq, kind, float(at), dumps(dict(data))),
-    )
-    return seq
