@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from masd.core.engine import CaseView
+from masd.store import handoffs
 from masd.store.handoffs import HandoffRow, handoff_row
 from masd.store.sql import Tx, dumps, one, run, tuples, value
 
@@ -26,13 +27,10 @@ class CaseRow:
     open_handoff: HandoffRow | None
 
 
-# One statement reads the case and its open handoff with the data of that
-# handoff's last status when it is negotiating (its ``needs``).
+# One statement reads the case and its open handoff (the latest requested).
 _LOAD = (
-    "SELECT c.key, c.address, c.domain, c.type, c.id, c.role, c.participant, "
-    "h.handoff_id, h.case_key, h.mode, h.peer, h.status, h.last_seq, h.forwarded, "
-    "h.webhook_url, CASE WHEN h.status = 'negotiating' THEN (SELECT s.data FROM statuses s "
-    "WHERE s.handoff_id = h.handoff_id ORDER BY s.n DESC LIMIT 1) END AS last_data "
+    "SELECT c.key, c.address, c.domain, c.type, c.id, c.role, c.participant, "  # noqa: S608
+    f"{handoffs.COLUMNS} "  # constants only
     "FROM cases c LEFT JOIN handoffs h ON h.handoff_id = (SELECT handoff_id FROM handoffs "
     "WHERE case_key = c.key AND closed_at IS NULL ORDER BY requested_at DESC LIMIT 1) "
     "WHERE c.key = ?"

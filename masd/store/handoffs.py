@@ -27,7 +27,7 @@ class HandoffRow:
 
 
 def handoff_row(row: Mapping[str, Any]) -> HandoffRow:
-    """A row of :data:`_LOAD` (or of the case query that joins it) as a HandoffRow."""
+    """A row with the :data:`COLUMNS` of a handoff, as a HandoffRow."""
     needs: tuple[str, ...] = ()
     if row["last_data"]:
         needs = tuple(json.loads(row["last_data"]).get("needs") or ())
@@ -44,12 +44,14 @@ def handoff_row(row: Mapping[str, Any]) -> HandoffRow:
     )
 
 
-_LOAD = (
-    "SELECT h.handoff_id, h.case_key, h.mode, h.peer, h.status, h.last_seq, h.forwarded, "
+#: The columns of handoff ``h`` that :func:`handoff_row` reads, with the data
+#: of its last status when it is negotiating (its ``needs``).
+COLUMNS = (
+    "h.handoff_id, h.case_key, h.mode, h.peer, h.status, h.last_seq, h.forwarded, "
     "h.webhook_url, CASE WHEN h.status = 'negotiating' THEN (SELECT s.data FROM statuses s "
-    "WHERE s.handoff_id = h.handoff_id ORDER BY s.n DESC LIMIT 1) END AS last_data "
-    "FROM handoffs h WHERE h.handoff_id = ?"
+    "WHERE s.handoff_id = h.handoff_id ORDER BY s.n DESC LIMIT 1) END AS last_data"
 )
+_LOAD = f"SELECT {COLUMNS} FROM handoffs h WHERE h.handoff_id = ?"  # noqa: S608 (constants)
 
 
 def load(tx: Tx, handoff_id: str) -> HandoffRow | None:
