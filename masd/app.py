@@ -12,6 +12,7 @@ sends finish, close the store; exit 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 
 from masd.clock import Clock
 from masd.config import Config
+from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler, start_lmtp
 from masd.edges.milter import MilterServer, start_milter
@@ -32,7 +34,7 @@ from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
 from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
 from masd.metrics import Metrics
-from masd.service import PURGE_BATCH, CommitListener, Runtime, Wakes, purge
+from masd.service import PURGE_BATCH, Runtime, Wakes, purge
 from masd.store import Store
 
 log = logging.getLogger("masd.app")
@@ -68,13 +70,13 @@ def new_id() -> str:
     return secrets.token_hex(16)
 
 
-class Wakeup(CommitListener):
+class Wakeup:
     """Wakes the outbox and the deadline timer for what a commit gave them to do.
 
-    The edges tell it each committed job's :class:`~masd.service.Wakes`: the
-    outbox is woken only when rows were queued, the timer only for a deadline
-    sooner than the one it sleeps until.  Called with no argument (the test
-    clock moved), it wakes both.
+    The app's :class:`~masd.service.CommitListener`: the edges tell it each
+    committed job's :class:`~masd.service.Wakes`; the outbox is woken only
+    when rows were queued, the timer only for a deadline sooner than the one
+    it sleeps until.
     """
 
     def __init__(self) -> None:
@@ -129,61 +131,16 @@ class App:
                 path="LISTEN_FDNAMES",
             )
         self.store = await asyncio.to_thread(Store.open, self.config.server.database)
-        store = self.store
-        self.outbox = Outbox(self.rt, store, self.clock, self.metrics, on_commit=self.wakeup)
-        self.timer = DeadlineTimer(self.rt, store, self.clock, self.metrics, self.wakeup)
+        ctx = EdgeContext(self.rt, self.store, self.clock, self.metrics, self.wakeup)
+        self.outbox = Outbox(ctx)
+        self.timer = DeadlineTimer(ctx)
         self.wakeup.outbox, self.wakeup.timer = self.outbox, self.timer
         self.outbox.start()
         self.timer.start()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
-        self.lmtp_handler = LmtpHandler(self.rt, store, self.clock, self.metrics, self.wakeup)
+        self.listening = await self._listen(ctx, inherited)
         server = self.config.server
-        lmtp = await start_lmtp(
-            server.lmtp,
-            self.lmtp_handler,
-            hostname=server.hostname,
-            max_message_bytes=server.max_message_bytes,
-            sock=inherited.get("lmtp"),
-            max_sessions=server.max_lmtp_sessions,
-        )
-        self.http_edge = HttpEdge(self.rt, store, self.clock, self.metrics, self.wakeup)
-        try:
-            http = await start_http(
-                server.http,
-                self.http_edge,
-                sock=inherited.get("http"),
-                limits=HttpLimits(max_connections=server.max_http_connections),
-            )
-        except BaseException:
-            lmtp.close()
-            raise
-        policy: PolicyServer | None = None
-        if server.policy is not None or "policy" in inherited:
-            try:
-                policy = await start_policy(
-                    server.policy,
-                    PolicyHandler(self.rt, store, self.metrics),
-                    sock=inherited.get("policy"),
-                )
-            except BaseException:
-                lmtp.close()
-                await http.close()
-                raise
-        milter: MilterServer | None = None
-        if server.milter is not None or "milter" in inherited:
-            try:
-                milter = await start_milter(
-                    server.milter,
-                    MilterServer(self.rt, store, self.metrics),
-                    sock=inherited.get("milter"),
-                )
-            except BaseException:
-                lmtp.close()
-                await http.close()
-                if policy is not None:
-                    await policy.close()
-                raise
-        self.listening = Listening(lmtp, http, policy, milter)
+        http, policy, milter = self.listening.http, self.listening.policy, self.listening.milter
         bound = http.addresses[0] if http.addresses else None
         if urlsplit(server.public_url).port == 0 and isinstance(bound, tuple):
             # public_url defaulted from "host:0": statuses go to the port bound.
@@ -191,7 +148,7 @@ class App:
             self.rt.status_url = f"http://{host}:{bound[1]}/mas/v0.1/messages"
         log.info(
             "ready lmtp=%s http=%s policy=%s milter=%s database=%s",
-            _where(lmtp),
+            _where(self.listening.lmtp),
             http.addresses,
             policy.addresses if policy is not None else "off",
             milter.addresses if milter is not None else "off",
@@ -199,6 +156,40 @@ class App:
         )
         sd_notify("READY=1")
         return self.listening
+
+    async def _listen(self, ctx: EdgeContext, inherited: Mapping[str, socket.socket]) -> Listening:
+        """Start every listener; if one cannot start, close those already started."""
+        server = self.config.server
+        async with contextlib.AsyncExitStack() as started:
+            self.lmtp_handler = LmtpHandler(ctx)
+            lmtp = await start_lmtp(
+                server.lmtp,
+                self.lmtp_handler,
+                hostname=server.hostname,
+                max_message_bytes=server.max_message_bytes,
+                sock=inherited.get("lmtp"),
+                max_sessions=server.max_lmtp_sessions,
+            )
+            started.callback(lmtp.close)
+            self.http_edge = HttpEdge(ctx)
+            limits = HttpLimits(max_connections=server.max_http_connections)
+            http = await start_http(
+                server.http, self.http_edge, sock=inherited.get("http"), limits=limits
+            )
+            started.push_async_callback(http.close)
+            policy: PolicyServer | None = None
+            if server.policy is not None or "policy" in inherited:
+                policy = await start_policy(
+                    server.policy, PolicyHandler(ctx), sock=inherited.get("policy")
+                )
+                started.push_async_callback(policy.close)
+            milter: MilterServer | None = None
+            if server.milter is not None or "milter" in inherited:
+                milter = await start_milter(
+                    server.milter, MilterServer(ctx), sock=inherited.get("milter")
+                )
+            started.pop_all()  # every listener is up: they stay open
+        return Listening(lmtp, http, policy, milter)
 
     async def stop(self) -> None:
         """Stop accepting, finish what is in flight, close the store."""

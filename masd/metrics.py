@@ -1,13 +1,21 @@
 """Counters for ``GET /metrics`` (Prometheus text format, PROFILE §6).
 
 A counter is a name, a help text and labelled values; gauges are read from
-the store when the page is rendered.
+the store when the page is rendered (:func:`store_gauges`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+
+from masd.core.kinds import OUTBOX_KINDS
+from masd.core.status import MACHINE
+from masd.store import Tx
+from masd.store import gauges as counts
+
+Series = dict[tuple[tuple[str, str], ...], float]
+Gauges = dict[str, tuple[str, Series]]
 
 _HELP = {
     "masd_deliveries_total": "LMTP deliveries per recipient, by outcome.",
@@ -59,3 +67,49 @@ def _labels(labels: tuple[tuple[str, str], ...]) -> str:
 
 def _esc(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _by_status(counts: Iterable[tuple[str, int]]) -> Series:
+    out: Series = {(("status", s),): 0.0 for s in sorted(MACHINE.statuses)}
+    for status, count in counts:
+        out[(("status", status),)] = float(count)
+    return out
+
+
+def store_gauges(tx: Tx) -> Gauges:
+    """Gauges for ``/metrics``, read in one store snapshot.
+
+    - ``masd_outbox_depth{kind,state}``: outbox rows ``pending`` (waiting to
+      be delivered) and ``failed`` (given up: 4xx or ``retry_for`` ran out).
+    - ``masd_outbox_retries{kind}``: failed attempts of the rows still
+      pending; each one scheduled a retry, so this is the retries the current
+      backlog has needed (0 when every peer answers at the first try).
+    - ``masd_handoffs{status}``: handoffs by their current status.
+    - ``masd_handoff_statuses{status}``: statuses recorded over all handoffs
+      (every transition, by email or by a mode).
+    - ``masd_sends_refused{reason}``: ``mail.refused`` thread entries by
+      reason (Principle 10 refusals, PROFILE §3).
+
+    The last two scan their tables; fine for a scrape every few seconds on
+    a store of modest size.
+    """
+    kinds = sorted(OUTBOX_KINDS)
+    depth: Series = {(("kind", k), ("state", s)): 0.0 for k in kinds for s in ("pending", "failed")}
+    retries: Series = {(("kind", k),): 0.0 for k in kinds}
+    for kind, state, count, attempts in counts.outbox_depth(tx):
+        depth[(("kind", kind), ("state", state))] = float(count)
+        if state == "pending":
+            retries[(("kind", kind),)] = float(attempts)
+    refused: Series = {
+        (("reason", reason),): float(count) for reason, count in counts.refusals_by_reason(tx)
+    }
+    return {
+        "masd_outbox_depth": ("Outbox rows pending or failed, by kind and state.", depth),
+        "masd_outbox_retries": ("Failed attempts of outbox rows still pending.", retries),
+        "masd_handoffs": ("Handoffs by current status.", _by_status(counts.handoffs_by_status(tx))),
+        "masd_handoff_statuses": (
+            "Handoff statuses recorded, by status.",
+            _by_status(counts.statuses_by_status(tx)),
+        ),
+        "masd_sends_refused": ("Outbound mails refused under Principle 10, by reason.", refused),
+    }

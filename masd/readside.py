@@ -1,9 +1,10 @@
 """The read side: a case, its handoffs and its thread as JSON and as text (PROFILE §11).
 
-Every function taking a database runs inside one store read job
-(``await store.read(lambda db: case_json(db, key))``), so what it returns is
-one consistent snapshot.  The JSON documents are exactly the bodies of
-``GET /mas/v0.1/cases/{key}`` and ``GET /mas/v0.1/cases/{key}/thread``;
+Every function taking a store handle runs inside one store read job
+(``await store.read(lambda tx: case_json(tx, key))``), so what it returns is
+one consistent snapshot; the rows come from :mod:`masd.store.reads`.  The
+JSON documents are exactly the bodies of ``GET /mas/v0.1/cases/{key}`` and
+``GET /mas/v0.1/cases/{key}/thread``;
 :func:`format_case` renders the same for an operator (``masd case show``).
 
 Times: the store keeps epoch seconds; here they become RFC 3339 UTC strings
@@ -24,10 +25,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlite_utils import Database
-
 from masd.core.address import case_ref
 from masd.core.errors import AddressError
+from masd.store import Tx, cases, reads
 
 #: ``limit`` of a thread page: default and largest (PROFILE §11 read side).
 DEFAULT_LIMIT: Final = 100
@@ -56,12 +56,6 @@ def normalize_key(text: str) -> str:
         return text
 
 
-def _rows(db: Database, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
-    cur = db.execute(sql, tuple(params))
-    names = [c[0] for c in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
@@ -82,17 +76,12 @@ def _handoff_json(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def case_json(db: Database, key: str) -> dict[str, Any] | None:
+def case_json(tx: Tx, key: str) -> dict[str, Any] | None:
     """``{"case": {...}}`` for the case whose address or key is ``key``; None if none."""
-    found = _rows(db, "SELECT * FROM cases WHERE key = ?", (normalize_key(key),))
-    if not found:
+    row = reads.case(tx, normalize_key(key))
+    if row is None:
         return None
-    row = found[0]
-    handoffs = _rows(
-        db,
-        "SELECT * FROM handoffs WHERE case_key = ? ORDER BY requested_at, rowid",
-        (row["key"],),
-    )
+    handoffs = reads.handoffs(tx, row["key"])
     return {
         "case": {
             "address": row["address"],
@@ -121,7 +110,7 @@ def entry_json(seq: int, kind: str, at: float, data: Mapping[str, Any]) -> dict[
 
 
 def thread_json(
-    db: Database, key: str, after: int = 0, limit: int = DEFAULT_LIMIT
+    tx: Tx, key: str, after: int = 0, limit: int = DEFAULT_LIMIT
 ) -> dict[str, Any] | None:
     """``{"entries": [...], "next": N}``: entries with ``seq > after``, at most
     ``limit`` (at least 1), in ``seq`` order; None if no such case.  The HTTP
@@ -131,31 +120,18 @@ def thread_json(
     or ``after`` itself when the page is empty.
     """
     norm = normalize_key(key)
-    if not _rows(db, "SELECT 1 AS x FROM cases WHERE key = ?", (norm,)):
+    if not cases.exists(tx, norm):
         return None
-    limit = max(1, limit)
-    rows = db.execute(
-        "SELECT seq, kind, at, data FROM thread WHERE case_key = ? AND seq > ? "
-        "ORDER BY seq LIMIT ?",
-        (norm, max(0, after), limit),
-    ).fetchall()
+    rows = reads.thread(tx, norm, max(0, after), max(1, limit))
     entries = [entry_json(seq, kind, at, json.loads(data)) for seq, kind, at, data in rows]
     return {"entries": entries, "next": entries[-1]["seq"] if entries else max(0, after)}
 
 
 def list_cases(
-    db: Database, limit: int = DEFAULT_LIMIT, domain: str | None = None
+    tx: Tx, limit: int = DEFAULT_LIMIT, domain: str | None = None
 ) -> list[dict[str, Any]]:
     """The newest cases first, each with its latest handoff (or None)."""
-    rows = _rows(
-        db,
-        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "
-        "c.thread_seq, h.handoff_id, h.mode, h.status FROM cases c "
-        "LEFT JOIN handoffs h ON h.rowid = (SELECT rowid FROM handoffs WHERE case_key = c.key "
-        "ORDER BY requested_at DESC, rowid DESC LIMIT 1) "
-        "WHERE ?1 IS NULL OR c.domain = ?1 ORDER BY c.created_at DESC, c.rowid DESC LIMIT ?2",
-        (domain.lower() if domain else None, max(1, limit)),
-    )
+    rows = reads.latest_cases(tx, max(1, limit), domain.lower() if domain else None)
     return [
         {
             "key": r["key"],
@@ -172,6 +148,18 @@ def list_cases(
         }
         for r in rows
     ]
+
+
+def open_work(tx: Tx) -> dict[str, list[dict[str, Any]]]:
+    """What masd has not finished yet, across every case.
+
+    ``{"handoffs": [...], "outbox": [...]}``: each handoff not closed
+    (``handoff_id``, ``case_key``, the case's ``role``, ``mode``, ``status``),
+    oldest first, and each outbox row still to be delivered (``id``,
+    ``kind``, ``case_key``, ``peer``, ``attempts``, ``last_error``), in queue
+    order.  Both lists empty: every flow has settled.
+    """
+    return {"handoffs": reads.open_handoffs(tx), "outbox": reads.pending_outbox(tx)}
 
 
 # --------------------------------------------------------------------------- text for operators

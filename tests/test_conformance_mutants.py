@@ -49,7 +49,7 @@ MUTANTS = [
     ),
     pytest.param(
         # CONTRACT §2: "A receiver MUST treat a repeated id as already processed".
-        "masd/service.py",
+        "masd/store/idempotency.py",
         '    if kept is not None:\n        return int(kept["status"]), json.loads(kept["body"])',
         "    if False:\n        pass",
         ["idempotent-repeated-id"],

@@ -23,14 +23,8 @@ from masd.config import Config, load_config
 from masd.core.address import parse_address
 from masd.core.event import build_event
 from masd.core.principle10 import Caps, Counts, Recipient, decide_send
-from masd.service import (
-    Runtime,
-    UnknownCase,
-    _recipient,
-    _Recorded,
-    deliver,
-    load_case,
-)
+from masd.service import Runtime, UnknownCase, deliver, load_case
+from masd.service.apply import Recorded, _recipient
 from masd.store import Store
 
 AT = 1_790_000_000.0
@@ -240,7 +234,7 @@ def test_the_mail_in_memory_is_the_row_a_send_would_read(
         key = store.write_sync(
             lambda db: deliver(rig.rt, db, parse_address(rcpt), mail, raw, "0" * 64, AT)
         ).case_key
-        recorded = _Recorded(mail.event, key, opened=True)
+        recorded = Recorded(mail.event, key, opened=True)
 
         def both(db: Any) -> list[tuple[Any, Any]]:
             case = load_case(rig.rt, db, key)

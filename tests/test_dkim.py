@@ -15,6 +15,7 @@ from support.outbox import deliver, inbound, make_env
 
 from masd.config import Dkim, TcpListen
 from masd.core import compose
+from masd.edges.context import EdgeContext
 from masd.edges.outbox import Outbox
 from masd.edges.smtp import SmtpResult, dkim_sign, send_mail
 from masd.testing import SmtpSink
@@ -79,7 +80,7 @@ def test_mail_from_the_outbox_is_signed_and_verifies(
         env = await make_env(tmp_path, dkim=True)
         try:
             await deliver(env, "ticket@help.example", inbound("ticket@help.example")[0])
-            outbox = Outbox(env.rt, env.store, env.clock, env.metrics)
+            outbox = Outbox(EdgeContext(env.rt, env.store, env.clock, env.metrics))
             outbox.start()
             [mail] = await env.sink.wait_for(1)
             await outbox.stop()

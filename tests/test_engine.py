@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 
@@ -21,15 +23,19 @@ from masd.core.engine import (
     Status,
     Thread,
     TypeView,
+    authorize_assign,
+    authorize_master,
+    authorize_status,
     master_deadline,
     master_mail,
     request_failed,
     status_from_mode,
 )
-from masd.core.errors import TransitionError
+from masd.core.errors import TransitionError, WireError
 from masd.core.event import ParsedMail, build_event
 from masd.core.trust import TrustSettings
 from masd.core.wire import CaseRef, HandoffStatus
+from masd.peers import Peer, PeerKind, Principal
 
 TRUST = TrustSettings(frozenset({"mx.help.example"}), frozenset({"mx.help.example"}))
 ENDPOINT = EndpointView(
@@ -312,3 +318,56 @@ def test_refused_request_records_failed_and_resumes() -> None:
         (SendMail, None),
     ]
     assert request_failed(case(), handoff("failed"), "x") == []
+
+
+# --------------------------------------------------------------------------- who may act
+
+
+def principal(kind: PeerKind, domain: str, type_: str, peer_id: str) -> Principal:
+    peer = Peer(peer_id, kind, domain, type_, "http://127.0.0.1:9/", "secret")
+    return Principal(kind, (peer,))
+
+
+CALLBACK = principal("mode", "help.example", "ticket", ENDPOINT.peer)
+CHAT = principal("mode", "help.example", "ticket", "mode:help.example/ticket/chat")
+CRM = principal("master", "help.example", "case", "master:help.example/case")
+OTHER_CRM = principal("master", "other.example", "case", "master:other.example/case")
+
+
+def forbidden(call: Any) -> str:
+    with pytest.raises(WireError) as caught:
+        call()
+    assert (caught.value.status, caught.value.code) == (403, "forbidden")
+    return caught.value.detail
+
+
+def test_a_status_only_from_the_peer_the_handoff_was_sent_to() -> None:
+    authorize_status(CALLBACK, handoff())
+    assert "h1" in forbidden(lambda: authorize_status(CHAT, handoff()))
+    # A handoff email answered itself was sent to no peer: nobody may post to it.
+    refused = replace(handoff("refused"), peer="email")
+    forbidden(lambda: authorize_status(CALLBACK, refused))
+
+
+def test_a_master_acts_only_on_slave_cases_of_its_own_types() -> None:
+    slave_case = CaseView(
+        "case=crm-1@help.example",
+        "case=CRM-1@help.example",
+        "help.example",
+        "case",
+        "CRM-1",
+        "slave",
+        "alice@example.com",
+    )
+    authorize_master(CRM, slave_case)
+    assert "case=crm-1@help.example" in forbidden(lambda: authorize_master(OTHER_CRM, slave_case))
+    # Email's own cases are nobody's to steer, whoever serves their type.
+    owner = principal("master", "help.example", "ticket", "master:help.example/ticket")
+    forbidden(lambda: authorize_master(owner, case()))
+
+
+def test_an_intake_is_assigned_only_by_the_master_of_its_type() -> None:
+    authorize_assign(CRM, "intake-1", "help.example", "case")
+    detail = forbidden(lambda: authorize_assign(OTHER_CRM, "intake-1", "help.example", "case"))
+    assert "intake-1" in detail
+    forbidden(lambda: authorize_assign(CALLBACK, "intake-1", "help.example", "case"))

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from masd.clock import Clock
 from masd.config import Config, TcpListen, UnixListen, load_config
+from masd.edges.context import EdgeContext
 from masd.edges.lmtp import (
     LmtpHandler,
     LmtpListenError,
@@ -71,6 +72,16 @@ def write_config(tmp_path: Path, limit: int = LIMIT) -> Config:
     return load_config(path)
 
 
+class _Commits:
+    """A commit listener that counts the commits it is told of."""
+
+    def __init__(self, commits: list[int]) -> None:
+        self.commits = commits
+
+    def committed(self, wakes: Any) -> None:
+        self.commits.append(1)
+
+
 @dataclass
 class Rig:
     config: Config
@@ -98,7 +109,7 @@ async def running(tmp_path: Path, *, unix: bool = False, limit: int = LIMIT) -> 
     rt = Runtime(config, new_id=lambda: secrets.token_hex(16))
     metrics = Metrics()
     commits: list[int] = []
-    handler = LmtpHandler(rt, store, Clock(), metrics, on_commit=lambda: commits.append(1))
+    handler = LmtpHandler(EdgeContext(rt, store, Clock(), metrics, _Commits(commits)))
     listen: TcpListen | UnixListen
     listen = UnixListen(tmp_path / "lmtp.sock") if unix else TcpListen("127.0.0.1", 0)
     server = await start_lmtp(

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from masd.clock import Clock
 from masd.config import TcpListen, load_config
+from masd.edges.context import EdgeContext
 from masd.edges.lmtp import MAX_SESSIONS, LmtpHandler, start_lmtp
 from masd.lmtpclient import deliver
 from masd.metrics import Metrics
@@ -76,7 +76,7 @@ async def listening(tmp_path: Path, **limits: Any) -> AsyncIterator[Listener]:
     store = Store.open(config.server.database)
     metrics = Metrics()
     rt = Runtime(config, new_id=lambda: secrets.token_hex(16))
-    handler = LmtpHandler(rt, store, Clock(), metrics, on_commit=lambda: None)
+    handler = LmtpHandler(EdgeContext(rt, store, metrics=metrics))
     server = await start_lmtp(
         TcpListen("127.0.0.1", 0),
         handler,

@@ -25,8 +25,8 @@ from support.masd_process import free_port
 from support.system import require_program
 
 from masd.app import App
-from masd.clock import Clock
 from masd.config import Config, TcpListen, UnixListen, load_config
+from masd.edges.context import EdgeContext
 from masd.edges.lmtp import LmtpHandler
 from masd.edges.milter import METRIC, MilterListenError, MilterServer, start_milter
 from masd.metrics import Metrics
@@ -157,10 +157,9 @@ async def rig(tmp_path: Path, listen: TcpListen | UnixListen | None = None) -> A
     store = await asyncio.to_thread(Store.open, tmp_path / "masd.db")
     metrics = Metrics()
     rt = Runtime(config, lambda: secrets.token_hex(16))
-    lmtp = LmtpHandler(rt, store, Clock(), metrics, lambda: None)
-    server = await start_milter(
-        listen or TcpListen("127.0.0.1", 0), MilterServer(rt, store, metrics)
-    )
+    ctx = EdgeContext(rt, store, metrics=metrics)
+    lmtp = LmtpHandler(ctx)
+    server = await start_milter(listen or TcpListen("127.0.0.1", 0), MilterServer(ctx))
     try:
         yield Rig(config, store, metrics, server, lmtp)
     finally:

@@ -21,6 +21,7 @@ from support.outbox import (
 )
 
 from masd.clock import TestClock
+from masd.edges.context import EdgeContext
 from masd.edges.outbox import Outbox
 from masd.testing import FakePeer, Recorded
 
@@ -41,7 +42,7 @@ def run(tmp_path: Path, body: Callable[[Env], Awaitable[None]], **env_args: Any)
 
 
 def outbox_of(env: Env) -> Outbox:
-    return Outbox(env.rt, env.store, env.clock, env.metrics)
+    return Outbox(EdgeContext(env.rt, env.store, env.clock, env.metrics))
 
 
 async def outbox_rows(env: Env) -> list[dict[str, Any]]:
@@ -396,7 +397,7 @@ def test_outbox_hands_mail_to_its_transport(tmp_path: Path) -> None:
         transport = MemoryMailTransport()
         raw, _ = inbound(INTAKE)
         await deliver(env, INTAKE, raw)
-        outbox = Outbox(env.rt, env.store, env.clock, env.metrics, mail=transport)
+        outbox = Outbox(EdgeContext(env.rt, env.store, env.clock, env.metrics), mail=transport)
         outbox.start()
         try:
             (mail,) = await transport.wait_for(1)

@@ -27,6 +27,7 @@ from support.masd_process import free_port
 from masd.app import App
 from masd.clock import Clock
 from masd.config import Config, TcpListen, UnixListen, load_config
+from masd.edges.context import EdgeContext
 from masd.edges.lmtp import LmtpHandler, Replies
 from masd.edges.policy import (
     MAX_ATTRIBUTES,
@@ -196,8 +197,8 @@ async def rig(tmp_path: Path, listen: TcpListen | UnixListen | None = None) -> A
     store = await asyncio.to_thread(Store.open, tmp_path / "masd.db")
     metrics = Metrics()
     rt = Runtime(config, lambda: secrets.token_hex(16))
-    handler = PolicyHandler(rt, store, metrics)
-    lmtp = LmtpHandler(rt, store, Clock(), metrics, lambda: None)
+    handler = PolicyHandler(EdgeContext(rt, store, Clock(), metrics))
+    lmtp = LmtpHandler(EdgeContext(rt, store, Clock(), metrics))
     server = await start_policy(listen or TcpListen("127.0.0.1", 0), handler)
     try:
         yield Rig(config, store, metrics, server, lmtp)
@@ -399,7 +400,7 @@ def test_unix_socket_listener(tmp_path: Path) -> None:
             async with r.client() as c:
                 assert await c.ask(request("ticket@help.example")) == "DUNNO"
             # Another listener on the same path while this one serves: refused by name.
-            handler = PolicyHandler(Runtime(r.config, lambda: "x"), r.store, Metrics())
+            handler = PolicyHandler(EdgeContext(Runtime(r.config, lambda: "x"), r.store))
             with pytest.raises(PolicyListenError) as caught:
                 await start_policy(UnixListen(path), handler)
             assert "another process serves it" in caught.value.detail
@@ -410,7 +411,7 @@ def test_unix_socket_listener(tmp_path: Path) -> None:
 def test_listen_errors_are_named(tmp_path: Path) -> None:
     async def main() -> None:
         async with rig(tmp_path) as r:
-            handler = PolicyHandler(Runtime(r.config, lambda: "x"), r.store, Metrics())
+            handler = PolicyHandler(EdgeContext(Runtime(r.config, lambda: "x"), r.store))
             target = r.target
             assert isinstance(target, tuple)
             host, port = target

@@ -9,8 +9,10 @@ import pytest
 
 from masd.core.address import parse_address
 from masd.core.engine import (
+    AssignIntake,
     CaseView,
     Context,
+    CreateCase,
     Effect,
     HandoffView,
     OpenHandoff,
@@ -18,20 +20,30 @@ from masd.core.engine import (
     PolicyView,
     SendContract,
     SendMail,
+    SetPolicy,
     Status,
     Thread,
-    Transfer,
-    cancel_from_master,
-    case_message,
-    slave_mail,
-    slave_request,
-    slave_request_failed,
     status_from_mode,
 )
 from masd.core.errors import TransitionError, WireError
 from masd.core.event import ParsedMail, build_event
+from masd.core.slave import (
+    IntakeView,
+    SlaveTerms,
+    Transfer,
+    assigned_before,
+    assigned_case,
+    cancel_from_master,
+    case_assigned,
+    case_message,
+    patched,
+    slave_intake,
+    slave_mail,
+    slave_request,
+    slave_request_failed,
+)
 from masd.core.trust import TrustSettings
-from masd.core.wire import CaseRef, HandoffCancel, HandoffStatus
+from masd.core.wire import CaseAssign, CaseRef, HandoffCancel, HandoffStatus, PolicyPatch
 
 TRUST = TrustSettings(frozenset({"mx.help.example"}), frozenset({"mx.help.example"}))
 MASTER = Peer("master:help.example/case", "http://127.0.0.1:9/crm")
@@ -114,19 +126,18 @@ def to_master(effects: Any) -> list[dict[str, Any]]:
     return [dict(e.message) for e in of(SendContract, effects) if e.peer == MASTER.peer]
 
 
+def terms(
+    policy: PolicyView, transfer: Transfer | None = HOOK, *, require_dmarc: bool = True
+) -> SlaveTerms:
+    """The case's terms: no transfer under block."""
+    hook = transfer if policy.transfers != "block" else None
+    return SlaveTerms(policy, MASTER, hook, require_dmarc)
+
+
 def on_mail(
     rcpt: str, parsed: ParsedMail, policy: PolicyView, c: CaseView | None = None
 ) -> list[Effect]:
-    return slave_mail(
-        c or case(),
-        parse_address(rcpt),
-        parsed,
-        policy,
-        ctx(),
-        master=MASTER,
-        transfer=HOOK if policy.transfers != "block" else None,
-        require_dmarc=True,
-    )
+    return slave_mail(c or case(), parse_address(rcpt), parsed, terms(policy), ctx())
 
 
 def status(seq: int, value: str, **fields: Any) -> HandoffStatus:
@@ -243,14 +254,7 @@ def test_steering_needs_the_authenticated_participant(
 
 def test_steering_without_require_dmarc() -> None:
     effects = slave_request(
-        case(),
-        "callback",
-        mail(dmarc=None),
-        FORWARD,
-        ctx(),
-        master=MASTER,
-        transfer=HOOK,
-        require_dmarc=False,
+        case(), "callback", mail(dmarc=None), terms(FORWARD, require_dmarc=False), ctx()
     )
     (opened,) = of(OpenHandoff, effects)
     assert opened.forwarded is True
@@ -264,9 +268,7 @@ def test_one_open_handoff_per_case() -> None:
 
 
 def test_a_policy_without_a_matching_webhook_does_not_forward() -> None:
-    effects = slave_request(
-        case(), "callback", mail(), FORWARD, ctx(), master=MASTER, transfer=None, require_dmarc=True
-    )
+    effects = slave_request(case(), "callback", mail(), terms(FORWARD, None), ctx())
     (requested,) = to_master(effects)
     assert requested["forwarded"] is False
     assert of(OpenHandoff, effects) == []
@@ -409,3 +411,149 @@ def test_refused_request_fails_tells_the_master_and_mails_nobody() -> None:
     for current in ("completed", "scheduled", "negotiating"):
         h = handoff(current, 5)
         assert slave_request_failed(case(h), h, "x", master=MASTER) == []
+
+
+# --------------------------------------------------------------------------- intake and assignment
+
+
+def test_intake_mail_opens_an_intake_reported_to_the_master_and_nothing_else() -> None:
+    parsed = mail("case!callback@help.example")
+    opened = slave_intake(parse_address("case!callback@help.example"), parsed, ctx(), master=MASTER)
+    # "Email MUST NOT invent case identifiers in this role": no case, no mail.
+    assert (opened.intake_ref, opened.message_ref) == ("intake-id1", "msg-1")
+    assert (opened.domain, opened.type, opened.requested_mode) == (
+        "help.example",
+        "case",
+        "callback",
+    )
+    assert opened.master == MASTER
+    message = dict(opened.message)
+    assert (message["type"], message["id"], message["intake_ref"]) == (
+        "case.intake",
+        "intake-msg-1",
+        "intake-id1",
+    )
+    assert message["resource_type"] == "case"
+    assert message["event"]["message_ref"] == "msg-1"
+    assert "case" not in message
+
+
+def test_intake_carries_requested_mode_null_when_none() -> None:
+    opened = slave_intake(parse_address("case@help.example"), mail(), ctx(), master=MASTER)
+    assert opened.requested_mode is None
+    assert "requested_mode" in opened.message
+    assert opened.message["requested_mode"] is None
+
+
+def intake(
+    mode: str | None = None, case_key: str | None = None, sender: str | None = "alice@example.com"
+) -> IntakeView:
+    event = {
+        "subject": "Help",
+        "auth": {"dmarc": "pass"},
+        "automated": {"is": False},
+        "message_ref": "msg-1",
+    }
+    return IntakeView("intake-1", "help.example", "case", mode, case_key, "msg-1", sender, event)
+
+
+def assign(policy: PolicyPatch | None = None) -> CaseAssign:
+    return CaseAssign("a1", "intake-1", "CRM-1", policy)
+
+
+def on_assign(
+    i: IntakeView, policy: PolicyView, *, opened: bool = True, msg: CaseAssign | None = None
+) -> list[Effect]:
+    c = assigned_case(parse_address(ADDRESS), "CRM-1", i)
+    parsed = mail("case!callback@help.example") if i.requested_mode else None
+    return case_assigned(
+        c,
+        i,
+        msg or assign(),
+        terms(policy),
+        ctx(),
+        opened=opened,
+        mail=parsed,
+    )
+
+
+def test_the_assigned_case_has_the_id_as_assigned_and_the_intakes_sender() -> None:
+    assert assigned_case(parse_address(ADDRESS), "CRM-1", intake()) == case()
+    anonymous = assigned_case(parse_address(ADDRESS), "CRM-1", intake(sender=None))
+    assert anonymous.participant == ""
+
+
+def test_assign_creates_the_case_stores_its_policy_and_threads_the_intake_mail() -> None:
+    effects = on_assign(intake(), BLOCK)
+    assert [type(e) for e in effects] == [CreateCase, SetPolicy, AssignIntake, Thread, Thread]
+    assert of(SetPolicy, effects) == [SetPolicy(BLOCK)]
+    assert of(AssignIntake, effects) == [AssignIntake("intake-1", "msg-1")]
+    mail_in, contract_in = of(Thread, effects)
+    assert (mail_in.kind, dict(mail_in.data)) == (
+        "mail.in",
+        {
+            "message_ref": "msg-1",
+            "from": "alice@example.com",
+            "subject": "Help",
+            "dmarc": "pass",
+            "automated": False,
+            "intake_ref": "intake-1",
+        },
+    )
+    assert (contract_in.kind, dict(contract_in.data)) == (
+        "contract.in",
+        {"type": "case.assign", "id": "a1"},
+    )
+
+
+def test_assign_acknowledges_only_with_autonomous_send() -> None:
+    # CONTRACT §3.2.3: "Email sends only on mail.send from the master, unless
+    # the case policy ... sets autonomous_send: true" (then acknowledgements).
+    assert of(SendMail, on_assign(intake(), FORWARD)) == []
+    (ack,) = of(SendMail, on_assign(intake(), AUTONOMOUS))
+    assert (ack.purpose, ack.reply_to) == ("acknowledge", "msg-1")
+    assert ADDRESS in ack.body
+
+
+def test_assign_to_an_existing_case_sets_a_policy_only_when_the_message_has_one() -> None:
+    effects = on_assign(intake(), BLOCK, opened=False)
+    assert of(CreateCase, effects) == []
+    assert of(SetPolicy, effects) == []
+    patch = assign(PolicyPatch(autonomous_send=True))
+    effects = on_assign(intake(), AUTONOMOUS, opened=False, msg=patch)
+    assert of(SetPolicy, effects) == [SetPolicy(AUTONOMOUS)]
+
+
+def test_assign_handles_the_requested_mode_under_the_new_policy() -> None:
+    effects = on_assign(intake("callback"), FORWARD)
+    assert dict(of(Thread, effects)[0].data)["requested_mode"] == "callback"
+    (opened,) = of(OpenHandoff, effects)
+    assert (opened.mode, opened.peer, opened.deadline_at) == ("callback", HOOK.peer, None)
+    (requested,) = to_master(effects)
+    assert (requested["type"], requested["forwarded"]) == ("handoff.requested", True)
+    # Under block the master hears of it, and nothing is forwarded.
+    (requested,) = to_master(on_assign(intake("callback"), BLOCK))
+    assert requested["forwarded"] is False
+
+
+def test_an_intake_assigned_before() -> None:
+    ref = {"address": ADDRESS, "key": KEY}
+    assert assigned_before(intake(), KEY, ref) is None
+    again = assigned_before(intake(case_key=KEY), KEY, ref)
+    assert again is not None
+    assert (again.status, dict(again.body), list(again.effects)) == (
+        200,
+        {"ok": True, "case": ref},
+        [],
+    )
+    with pytest.raises(WireError) as caught:
+        assigned_before(intake(case_key="case=crm-2@help.example"), KEY, ref)
+    assert (caught.value.status, caught.value.code) == (409, "already-assigned")
+    assert "case=crm-2@help.example" in caught.value.detail
+
+
+def test_a_policy_patch_changes_only_the_fields_it_carries() -> None:
+    assert patched(FORWARD, None) == FORWARD
+    assert patched(FORWARD, PolicyPatch(autonomous_send=True)) == AUTONOMOUS
+    assert patched(AUTONOMOUS, PolicyPatch(transfers="block")) == PolicyView(True, "block")
+    assert patched(BLOCK, PolicyPatch(False, HOOK.url)) == FORWARD

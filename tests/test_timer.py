@@ -10,6 +10,7 @@ from typing import Any
 from support.outbox import Env, deliver, inbound, make_env, query
 
 from masd.clock import TestClock
+from masd.edges.context import EdgeContext
 from masd.edges.outbox import Outbox
 from masd.edges.timer import DeadlineTimer
 
@@ -19,13 +20,13 @@ START = 1_700_000_000.0
 
 
 class Commits:
-    """An on_commit callback that a test can wait on."""
+    """A commit listener that a test can wait on."""
 
     def __init__(self) -> None:
         self.count = 0
         self._event = asyncio.Event()
 
-    def __call__(self) -> None:
+    def committed(self, wakes: Any) -> None:
         self.count += 1
         self._event.set()
 
@@ -75,7 +76,7 @@ def test_advancing_past_the_deadline_times_the_handoff_out(tmp_path: Path) -> No
         clock = TestClock(START)
         env = await make_env(tmp_path, clock=clock, deadline="1h")
         commits = Commits()
-        timer = DeadlineTimer(env.rt, env.store, clock, env.metrics, commits)
+        timer = DeadlineTimer(EdgeContext(env.rt, env.store, clock, env.metrics, commits))
         try:
             timer.start()  # nothing to wait for yet: the timer sleeps without a limit
             await deliver(env, REQUEST, inbound(REQUEST)[0])
@@ -89,7 +90,7 @@ def test_advancing_past_the_deadline_times_the_handoff_out(tmp_path: Path) -> No
             assert env.metrics.value("masd_deadlines_fired_total") == 1
 
             # The outbox then sends the cancel, never the abandoned request.
-            outbox = Outbox(env.rt, env.store, clock, env.metrics)
+            outbox = Outbox(EdgeContext(env.rt, env.store, clock, env.metrics))
             outbox.start()
             [cancel] = await env.peer.wait_for(1)
             await env.sink.wait_for(2)
@@ -113,7 +114,7 @@ def test_a_deadline_that_passed_while_stopped_fires_on_start(tmp_path: Path) -> 
         env = env.reopen()  # a restart: the deadline lives in the store
         clock.advance(7200)
         commits = Commits()
-        timer = DeadlineTimer(env.rt, env.store, clock, env.metrics, commits)
+        timer = DeadlineTimer(EdgeContext(env.rt, env.store, clock, env.metrics, commits))
         try:
             timer.start()
             await commits.wait()
@@ -142,7 +143,7 @@ def test_a_handoff_that_ended_in_time_is_left_alone(tmp_path: Path) -> None:
 
         await env.store.write(complete_first)
         commits = Commits()
-        timer = DeadlineTimer(env.rt, env.store, clock, env.metrics, commits)
+        timer = DeadlineTimer(EdgeContext(env.rt, env.store, clock, env.metrics, commits))
         try:
             timer.start()
             clock.advance(3601)
@@ -165,7 +166,7 @@ def test_the_real_clock_fires_too(tmp_path: Path) -> None:
     async def main() -> None:
         env = await make_env(tmp_path, deadline="1s")
         commits = Commits()
-        timer = DeadlineTimer(env.rt, env.store, env.clock, env.metrics, commits)
+        timer = DeadlineTimer(EdgeContext(env.rt, env.store, env.clock, env.metrics, commits))
         try:
             await deliver(env, REQUEST, inbound(REQUEST)[0])
             timer.start()

@@ -19,21 +19,28 @@ Effects::
     SendContract    a contract message into the outbox (PROFILE §7)
     SendMail        a mail to a recorded sender, through Principle 10 (CONTRACT §6)
     AbandonRequest  give up an undelivered handoff.request (PROFILE §8)
+    OpenIntake      a slave-role intake, reported to the master (CONTRACT §3.2.1)
+    AssignIntake    the intake's mail becomes the assigned case's first (PROFILE §9)
+    SetPolicy       a slave case's policy (CONTRACT §3.2.3-§3.2.4, PROFILE §9)
+
+This module holds the state and effect types, the master role, and who may
+act on what; the slave role is :mod:`masd.core.slave`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from masd.core import texts
 from masd.core.address import Address
 from masd.core.details import find_fields
 from masd.core.errors import WireError
 from masd.core.event import ParsedMail
+from masd.core.kinds import ThreadKind
 from masd.core.status import MACHINE
-from masd.core.wire import CaseRef, HandoffCancel, HandoffStatus, envelope
+from masd.core.wire import CaseRef, HandoffStatus, envelope
 
 # --------------------------------------------------------------------------- state
 
@@ -106,6 +113,26 @@ class Context:
     status_url: str
 
 
+@dataclass(frozen=True)
+class Peer:
+    """A peer to send to: its id (for credentials and ordering) and URL."""
+
+    peer: str
+    url: str
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """A slave case's policy (CONTRACT §3.2.3-§3.2.4, PROFILE §9)."""
+
+    autonomous_send: bool
+    transfers: str  # "block", or the webhook URL
+
+    def to_json(self) -> dict[str, Any]:
+        transfers: Any = "block" if self.transfers == "block" else {"webhook": self.transfers}
+        return {"autonomous_send": self.autonomous_send, "transfers": transfers}
+
+
 # --------------------------------------------------------------------------- effects
 
 
@@ -116,15 +143,7 @@ class CreateCase:
 
 @dataclass(frozen=True)
 class Thread:
-    kind: Literal[
-        "mail.in",
-        "mail.out",
-        "mail.refused",
-        "status",
-        "contract.in",
-        "contract.out",
-        "delivery.failed",
-    ]
+    kind: ThreadKind
     data: Mapping[str, Any]
 
 
@@ -174,7 +193,45 @@ class AbandonRequest:
     handoff_id: str
 
 
-Effect = CreateCase | Thread | OpenHandoff | Status | SendContract | SendMail | AbandonRequest
+@dataclass(frozen=True)
+class OpenIntake:
+    """A mail to a slave-role intake address, pending until the master assigns
+    it a case; ``message`` (the case.intake) goes to ``master``."""
+
+    intake_ref: str
+    message_ref: str  # the mail, recorded by the caller under intake_ref
+    domain: str
+    type: str
+    requested_mode: str | None
+    master: Peer
+    message: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AssignIntake:
+    """Intake ``intake_ref`` is assigned to the case; its mail ``message_ref`` joins it."""
+
+    intake_ref: str
+    message_ref: str
+
+
+@dataclass(frozen=True)
+class SetPolicy:
+    policy: PolicyView
+
+
+Effect = (
+    CreateCase
+    | Thread
+    | OpenHandoff
+    | Status
+    | SendContract
+    | SendMail
+    | AbandonRequest
+    | OpenIntake
+    | AssignIntake
+    | SetPolicy
+)
 
 
 @dataclass(frozen=True)
@@ -265,7 +322,7 @@ def master_mail(
         handoff_effects, notice = _master_request(case, address.mode, mail, typ, ctx, opened=opened)
         effects += handoff_effects
     elif not opened:
-        effects += _master_negotiation_reply(case, mail)
+        effects += negotiation_reply(case, mail)
 
     # PROFILE §4: "When a !MODE intake is refused on the spot, the
     # acknowledgement and the resume notice are one mail."
@@ -303,7 +360,7 @@ def _master_request(
         ]
         return effects, texts.resume(case.address, mode, "refused", {"reason": reason})
     endpoint = typ.endpoints[mode]
-    details, message = _handoff_request(case, handoff_id, mode, mail, endpoint.fields, ctx)
+    details, message = handoff_request(case, handoff_id, mode, mail, endpoint.fields, ctx)
     return [
         OpenHandoff(
             handoff_id, mode, endpoint.peer, endpoint.url, ctx.now + endpoint.deadline, details
@@ -313,7 +370,7 @@ def _master_request(
     ], None
 
 
-def _handoff_request(
+def handoff_request(
     case: CaseView,
     handoff_id: str,
     mode: str,
@@ -338,7 +395,7 @@ def _handoff_request(
     return details, message
 
 
-def _master_negotiation_reply(case: CaseView, mail: ParsedMail) -> list[Effect]:
+def negotiation_reply(case: CaseView, mail: ParsedMail) -> list[Effect]:
     """CONTRACT §3.1.4: "A reply on the case address that supplies them is
     sent to the mode as handoff.update."  PROFILE §3: only "when it comes from
     the participant and passed DMARC"."""
@@ -458,205 +515,38 @@ def request_failed(case: CaseView, handoff: HandoffView, detail: str) -> list[Ef
     ]
 
 
-def cancel_from_master(
-    case: CaseView, handoff: HandoffView, msg: HandoffCancel, ctx: Context
-) -> Reply:
-    """PROFILE §9: "handoff.cancel from the master on a non-terminal handoff:
-    record cancelled, forward handoff.cancel to the webhook (if the handoff was
-    forwarded), answer {"ok": true}. On a terminal handoff: 409"."""
-    if handoff.closed:
-        raise WireError(
-            f'handoff_id: {handoff.handoff_id} is already "{handoff.status}"; '
-            "nothing follows a terminal status",
-            code="invalid-transition",
-            status=409,
-        )
-    MACHINE.check(handoff.status, "cancelled", source="email")
-    effects: list[Effect] = [
-        Status(handoff.handoff_id, "cancelled", None, "email", {"reason": msg.reason})
-    ]
-    if handoff.forwarded and handoff.url is not None:
-        fwd = envelope(
-            "handoff.cancel",
-            f"cancel-{handoff.handoff_id}",
-            case.ref,
-            handoff_id=handoff.handoff_id,
-            reason=msg.reason,
-        )
-        effects.append(SendContract(handoff.peer, handoff.url, fwd, handoff.handoff_id))
-    return Reply(200, OK, effects)
+# --------------------------------------------------------------------------- who may act
 
 
-# --------------------------------------------------------------------------- slave role
+class Caller(Protocol):
+    """Who a contract message's secret authenticated (:class:`masd.peers.Principal`)."""
+
+    def covers(self, peer_id: str) -> bool:
+        """The secret is the one of peer ``peer_id``."""
+
+    def serves(self, domain: str, type_: str) -> bool:
+        """The secret is the one of a peer configured for ``type_`` at ``domain``."""
 
 
-@dataclass(frozen=True)
-class Peer:
-    """A peer to send to: its id (for credentials and ordering) and URL."""
-
-    peer: str
-    url: str
+def _forbidden(detail: str) -> WireError:
+    return WireError(detail, code="forbidden", status=403)
 
 
-@dataclass(frozen=True)
-class PolicyView:
-    """A slave case's policy (CONTRACT §3.2.3-§3.2.4, PROFILE §9)."""
-
-    autonomous_send: bool
-    transfers: str  # "block", or the webhook URL
-
-    def to_json(self) -> dict[str, Any]:
-        transfers: Any = "block" if self.transfers == "block" else {"webhook": self.transfers}
-        return {"autonomous_send": self.autonomous_send, "transfers": transfers}
+def authorize_status(who: Caller, handoff: HandoffView) -> None:
+    """PROFILE §6: "a mode may post statuses only for handoffs sent to it"; the
+    handoff records its peer, so a status from any other is ``403 forbidden``."""
+    if not who.covers(handoff.peer):
+        raise _forbidden(f"handoff_id: {handoff.handoff_id} was not sent to this peer")
 
 
-@dataclass(frozen=True)
-class Transfer:
-    """Where a slave case's policy sends a handoff: the webhook peer and its fields."""
-
-    peer: str
-    url: str  # the URL the policy names (under the configured webhook's URL)
-    fields: tuple[str, ...]
+def authorize_master(who: Caller, case: CaseView) -> None:
+    """PROFILE §6: "a master may send only master messages, only for its own
+    domain and types": a case it may act on is a slave-role case of its type."""
+    if case.role != "slave" or not who.serves(case.domain, case.type):
+        raise _forbidden(f"case: {case.key} is not a case of this master")
 
 
-def case_message(case: CaseView, message_ref: str, event: Mapping[str, Any]) -> dict[str, Any]:
-    """CONTRACT §3.2.2: "Inbound mail on a case is reported as case.message"."""
-    return envelope(
-        "case.message", f"msg-{message_ref}", case.ref, event=dict(event), message_ref=message_ref
-    )
-
-
-def slave_mail(
-    case: CaseView,
-    address: Address,
-    mail: ParsedMail,
-    policy: PolicyView,
-    ctx: Context,
-    *,
-    master: Peer,
-    transfer: Transfer | None,
-    require_dmarc: bool,
-) -> list[Effect]:
-    """A mail on an assigned slave case: recorded, reported, and a ``!MODE`` handled."""
-    ev = mail.event
-    effects: list[Effect] = [
-        mail_in(mail, address.mode),
-        SendContract(master.peer, master.url, case_message(case, ev.message_ref, ev.to_json())),
-    ]
-    if address.mode:
-        effects += slave_request(
-            case,
-            address.mode,
-            mail,
-            policy,
-            ctx,
-            master=master,
-            transfer=transfer,
-            require_dmarc=require_dmarc,
-        )
-    elif policy.autonomous_send:
-        # PROFILE §5: "In the slave role without autonomous_send, email asks
-        # nothing and sends no handoff.update".
-        effects += _master_negotiation_reply(case, mail)
-    return effects
-
-
-def slave_request(
-    case: CaseView,
-    mode: str,
-    mail: ParsedMail,
-    policy: PolicyView,
-    ctx: Context,
-    *,
-    master: Peer,
-    transfer: Transfer | None,
-    require_dmarc: bool,
-) -> list[Effect]:
-    """``!MODE`` on a slave case, under its policy (CONTRACT §3.2.4, PROFILE §9).
-
-    ``mail`` is the mail that asked (for an intake, read again from the
-    store when the case is assigned).  "The type's modes list
-    does not apply to slave types: any well-formed !MODE goes to the master
-    under the case's policy."
-    """
-    if case.open_handoff is not None:
-        return []  # one open handoff per case
-    handoff_id = ctx.new_id()
-
-    def requested(forwarded: bool, **extra: Any) -> SendContract:
-        message = envelope(
-            "handoff.requested",
-            f"req-{handoff_id}",
-            case.ref,
-            handoff_id=handoff_id,
-            mode=mode,
-            forwarded=forwarded,
-            **extra,
-        )
-        return SendContract(master.peer, master.url, message, handoff_id)
-
-    typ = TypeView("slave", frozenset(), {}, False, require_dmarc, "")
-    if not may_steer(mail, case, typ):
-        # PROFILE §3's steering rule holds in both roles: recorded and
-        # refused with reason blocked; the master learns it was not forwarded.
-        return [
-            OpenHandoff(
-                handoff_id,
-                mode,
-                peer="email",
-                url=None,
-                deadline_at=None,
-                details={},
-                forwarded=False,
-            ),
-            Status(handoff_id, "requested", None, "email"),
-            Status(handoff_id, "refused", None, "email", {"reason": "blocked"}),
-            requested(False, reason="blocked"),
-        ]
-    if policy.transfers == "block" or transfer is None:
-        # CONTRACT §3.2.4: "With block, a !MODE request is reported as
-        # handoff.requested with "forwarded": false, and nothing else happens."
-        return [requested(False)]
-    details, request = _handoff_request(case, handoff_id, mode, mail, transfer.fields, ctx)
-    # No deadline: "Timeouts belong to the master" (CONTRACT §3.2.5).
-    return [
-        OpenHandoff(handoff_id, mode, transfer.peer, transfer.url, None, details, forwarded=True),
-        Status(handoff_id, "requested", None, "email"),
-        SendContract(transfer.peer, transfer.url, request, handoff_id),
-        requested(True),
-    ]
-
-
-def slave_request_failed(
-    case: CaseView, handoff: HandoffView, detail: str, *, master: Peer
-) -> list[Effect]:
-    """A ``handoff.request`` to a webhook that was refused (4xx) or never got through.
-
-    PROFILE §7 records ``failed`` with the detail.  The master role then
-    resumes by mail; the slave role may not: "Email sends only on mail.send
-    from the master, unless the case policy ... sets autonomous_send: true.
-    Then email MAY also send acknowledgements and negotiation questions"
-    (CONTRACT §3.2.3), and a resume notice is neither.  The master, who owns
-    the control flow, learns it as the handoff's next status, relayed like
-    every other (CONTRACT §3.2.4), with the seq after the last one accepted.
-    A webhook that has posted statuses the table does not let ``failed``
-    follow (negotiating, scheduled) has the handoff anyway: the failed delivery
-    is on the thread, the handoff stays as it is.
-    """
-    if handoff.closed or "failed" not in MACHINE.allowed(handoff.status):
-        return []
-    fields = {"detail": detail[:1024]}
-    seq = (handoff.last_seq or 0) + 1
-    relayed = envelope(
-        "handoff.status",
-        f"relay-{handoff.handoff_id}-{seq}",
-        case.ref,
-        handoff_id=handoff.handoff_id,
-        seq=seq,
-        status="failed",
-        **fields,
-    )
-    return [
-        Status(handoff.handoff_id, "failed", None, "email", fields),
-        SendContract(master.peer, master.url, relayed, handoff.handoff_id),
-    ]
+def authorize_assign(who: Caller, intake_ref: str, domain: str, type_: str) -> None:
+    """case.assign: only the master of the intake's domain and type names its case."""
+    if not who.serves(domain, type_):
+        raise _forbidden(f"intake_ref: {intake_ref} is not an intake of this master")

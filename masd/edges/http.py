@@ -18,7 +18,7 @@ once; one more is answered 503 as it is accepted and closed
 (:mod:`masd.edges.limits`).
 
 Gauges on ``GET /metrics`` are read from the store at each scrape (they
-survive restarts); see :func:`store_gauges` for what each one counts.
+survive restarts); :func:`masd.metrics.store_gauges` says what each one counts.
 """
 
 from __future__ import annotations
@@ -37,20 +37,19 @@ from typing import Final
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
-from sqlite_utils import Database
 
 from masd import readside, service
-from masd.clock import Clock, TestClock
+from masd.clock import TestClock
 from masd.config import Listen
 from masd.core import wire
 from masd.core.errors import WireError
-from masd.core.status import MACHINE
+from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.sockets import ListenError, serve
-from masd.metrics import Metrics
+from masd.metrics import store_gauges
 from masd.peers import Principal
-from masd.service import Runtime
-from masd.store import Store, StoreError
+from masd.store import StoreError
+from masd.store.gauges import ping
 
 log = logging.getLogger("masd.http")
 
@@ -89,8 +88,6 @@ REPLIES: Final[Mapping[str, int]] = MappingProxyType(
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Series = dict[tuple[tuple[str, str], ...], float]
-Gauges = dict[str, tuple[str, Series]]
 
 
 def refusal(code: str, detail: str, *, status: int | None = None) -> web.Response:
@@ -120,81 +117,15 @@ def _envelope_refs(env: wire.Envelope) -> tuple[object, object]:
     return key, env.body.get("handoff_id")
 
 
-def store_gauges(db: Database) -> Gauges:
-    """Gauges for ``/metrics``, read in one store snapshot.
-
-    - ``masd_outbox_depth{kind,state}``: outbox rows ``pending`` (waiting to
-      be delivered) and ``failed`` (given up: 4xx or ``retry_for`` ran out).
-    - ``masd_outbox_retries{kind}``: failed attempts of the rows still
-      pending; each one scheduled a retry, so this is the retries the current
-      backlog has needed (0 when every peer answers at the first try).
-    - ``masd_handoffs{status}``: handoffs by their current status.
-    - ``masd_handoff_statuses{status}``: statuses recorded over all handoffs
-      (every transition, by email or by a mode).
-    - ``masd_sends_refused{reason}``: ``mail.refused`` thread entries by
-      reason (Principle 10 refusals, PROFILE §3).
-
-    The last two scan their tables; fine for a scrape every few seconds on
-    a store of modest size.
-    """
-    depth: Series = {
-        (("kind", k), ("state", s)): 0.0
-        for k in ("contract", "mail")
-        for s in ("pending", "failed")
-    }
-    retries: Series = {(("kind", k),): 0.0 for k in ("contract", "mail")}
-    for kind, state, count, attempts in db.execute(
-        "SELECT kind, state, COUNT(*), COALESCE(SUM(attempts), 0) FROM outbox "
-        "WHERE state IN ('pending', 'failed') GROUP BY kind, state"
-    ).fetchall():
-        depth[(("kind", kind), ("state", state))] = float(count)
-        if state == "pending":
-            retries[(("kind", kind),)] = float(attempts)
-
-    def by_status(sql: str) -> Series:
-        out: Series = {(("status", s),): 0.0 for s in sorted(MACHINE.statuses)}
-        for status, count in db.execute(sql).fetchall():
-            out[(("status", status),)] = float(count)
-        return out
-
-    refused: Series = {
-        (("reason", str(reason)),): float(count)
-        for reason, count in db.execute(
-            "SELECT COALESCE(json_extract(data, '$.reason'), 'none'), COUNT(*) FROM thread "
-            "WHERE kind = 'mail.refused' GROUP BY 1"
-        ).fetchall()
-    }
-    return {
-        "masd_outbox_depth": ("Outbox rows pending or failed, by kind and state.", depth),
-        "masd_outbox_retries": ("Failed attempts of outbox rows still pending.", retries),
-        "masd_handoffs": (
-            "Handoffs by current status.",
-            by_status("SELECT status, COUNT(*) FROM handoffs GROUP BY status"),
-        ),
-        "masd_handoff_statuses": (
-            "Handoff statuses recorded, by status.",
-            by_status("SELECT status, COUNT(*) FROM statuses GROUP BY status"),
-        ),
-        "masd_sends_refused": ("Outbound mails refused under Principle 10, by reason.", refused),
-    }
-
-
 class HttpEdge:
     """The request handlers; :meth:`app` builds the aiohttp application."""
 
-    def __init__(
-        self,
-        rt: Runtime,
-        store: Store,
-        clock: Clock,
-        metrics: Metrics,
-        on_commit: Callable[[], None],
-    ) -> None:
-        self.rt = rt
-        self.store = store
-        self.clock = clock
-        self.metrics = metrics
-        self.on_commit = on_commit
+    def __init__(self, ctx: EdgeContext) -> None:
+        self.rt = ctx.rt
+        self.store = ctx.store
+        self.clock = ctx.clock
+        self.metrics = ctx.metrics
+        self.on_commit = ctx.listener
 
     def app(self, gate: Gate | None = None) -> web.Application:
         """The application; ``gate`` (the listener's) is told when each request
@@ -333,7 +264,7 @@ class HttpEdge:
                 exc.detail,
             )
             return refusal("unavailable", f"store: {exc.detail}")
-        service.committed(self.on_commit, got.wakes)
+        self.on_commit.committed(got.wakes)
         # The one line for the message: it names the statuses it recorded.
         recorded = got.statuses
         if handoff_id is None and recorded:
@@ -355,7 +286,7 @@ class HttpEdge:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         try:
-            await self.store.read(lambda db: db.execute("SELECT 1").fetchone())
+            await self.store.read(ping)
         except Exception as exc:  # noqa: BLE001 (any failure means "not healthy")
             log.warning("healthz store unavailable: %s", exc)
             return refusal("unavailable", "store: not answering (see the log)")
@@ -441,7 +372,7 @@ class HttpEdge:
                 )
             self.clock.advance(float(seconds))
             # Deadlines and retries may be due now: the timer and the outbox look again.
-            service.committed(self.on_commit, service.ALL_WAKES)
+            self.on_commit.committed(service.ALL_WAKES)
         return web.json_response({"ok": True, "now": self.clock.now()})
 
 

@@ -19,25 +19,24 @@ import hashlib
 import logging
 import secrets
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Final
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from masd import service
-from masd.clock import Clock
 from masd.config import Listen
 from masd.core.address import Address, parse_address
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
 from masd.core.trust import TrustSettings
 from masd.doctor import TrustWatch
+from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.lmtp_replies import MAX_DETAIL, RecipientReplies, Replies, ReplyCode
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
-from masd.metrics import Metrics
 from masd.service import Runtime, UnknownCase
 from masd.store import Store
 
@@ -95,19 +94,12 @@ def _sender(mail_from: str | None) -> str:
 class LmtpHandler:
     """Recipient checks at RCPT, recording at DATA (aiosmtpd's ``handle_*`` hooks)."""
 
-    def __init__(
-        self,
-        rt: Runtime,
-        store: Store,
-        clock: Clock,
-        metrics: Metrics,
-        on_commit: Callable[[], None],
-    ) -> None:
-        self.rt = rt
-        self.store = store
-        self.clock = clock
-        self.metrics = metrics
-        self.on_commit = on_commit
+    def __init__(self, ctx: EdgeContext) -> None:
+        rt = self.rt = ctx.rt
+        self.store = ctx.store
+        self.clock = ctx.clock
+        self.metrics = ctx.metrics
+        self.on_commit = ctx.listener
         server = rt.config.server
         self._delimiter = server.recipient_delimiter
         self._domains = rt.config.domains
@@ -116,7 +108,7 @@ class LmtpHandler:
         )
         self.size_limit = server.max_message_bytes
         self._inflight: set[asyncio.Task[str]] = set()
-        self.trust_watch = TrustWatch(metrics, server.trusted_authserv_ids)
+        self.trust_watch = TrustWatch(ctx.metrics, server.trusted_authserv_ids)
 
     # -- aiosmtpd hooks -------------------------------------------------------
 
@@ -221,7 +213,7 @@ class LmtpHandler:
         woke = [wakes for _, wakes in results if wakes is not None]
         if woke:
             try:
-                service.committed(self.on_commit, service.Wakes.union(woke))
+                self.on_commit.committed(service.Wakes.union(woke))
             except Exception:
                 log.exception("on_commit failed after a delivery")
         return RecipientReplies("\r\n".join(line for line, _ in results))

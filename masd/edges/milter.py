@@ -47,6 +47,7 @@ from kilter.protocol.buffer import SimpleBuffer
 from kilter.protocol.core import FilterMessage, MTAMessage
 
 from masd.config import Listen
+from masd.edges.context import EdgeContext
 from masd.edges.lmtp import Replies, check_recipient
 from masd.edges.lmtp import ReplyCode as LmtpReply
 from masd.edges.sockets import ListenError, serve
@@ -183,10 +184,10 @@ class MilterSession:
 class MilterServer:
     """The running listener; :meth:`close` also ends open MTA connections."""
 
-    def __init__(self, rt: Runtime, store: Store, metrics: Metrics) -> None:
-        self.rt = rt
-        self.store = store
-        self.metrics = metrics
+    def __init__(self, ctx: EdgeContext) -> None:
+        self.rt = ctx.rt
+        self.store = ctx.store
+        self.metrics = ctx.metrics
         self.server: asyncio.AbstractServer | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 

@@ -19,20 +19,18 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
-from sqlite_utils import Database
 
 from masd import service
-from masd.clock import Clock
+from masd.edges.context import EdgeContext
 from masd.edges.mailer import MailTransport, OutboundMail
 from masd.edges.smtp import SmtpTransport
-from masd.metrics import Metrics
-from masd.service import OutboxItem, Runtime
-from masd.store import Store
+from masd.service import OutboxItem
+from masd.store import Tx
 
 log = logging.getLogger("masd.outbox")
 
@@ -62,23 +60,19 @@ class Outbox:
 
     def __init__(
         self,
-        rt: Runtime,
-        store: Store,
-        clock: Clock,
-        metrics: Metrics,
+        ctx: EdgeContext,
         *,
-        on_commit: Callable[[], None] | None = None,
         mail: MailTransport | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
         http_timeout: float = HTTP_TIMEOUT,
         smtp_timeout: float = SMTP_TIMEOUT,
         stop_grace: float = STOP_GRACE,
     ) -> None:
-        self._rt = rt
-        self._store = store
-        self._clock = clock
-        self._metrics = metrics
-        self._on_commit = on_commit
+        rt = self._rt = ctx.rt
+        self._store = ctx.store
+        self._clock = ctx.clock
+        metrics = self._metrics = ctx.metrics
+        self._on_commit = ctx.listener
         self._max = max_in_flight
         self._http_timeout = http_timeout
         server = rt.config.server
@@ -241,18 +235,17 @@ class Outbox:
             result,
             " ".join(f"{k}={v}" for k, v in _describe(item, outcome.detail).items()),
         )
-        if self._on_commit is not None:
-            # Rows this job queued are this loop's to find (an attempt ending
-            # wakes it); a deadline it wrote is the timer's.
-            service.committed(self._on_commit, wakes)
+        # Rows this job queued are this loop's to find (an attempt ending
+        # wakes it); a deadline it wrote is the timer's.
+        self._on_commit.committed(wakes)
 
 
 def _look(
-    db: Database, now: float, free: int, busy: Iterable[str]
+    tx: Tx, now: float, free: int, busy: Iterable[str]
 ) -> tuple[list[OutboxItem], float | None]:
     """Due queue heads (none of ``busy``) and when the next other head falls due."""
-    items = service.due_outbox(db, now, free, exclude=busy) if free > 0 else []
-    return items, service.next_outbox_at(db, {*busy, *(i.queue for i in items)})
+    items = service.due_outbox(tx, now, free, exclude=busy) if free > 0 else []
+    return items, service.next_outbox_at(tx, {*busy, *(i.queue for i in items)})
 
 
 async def _pause(event: asyncio.Event, seconds: float) -> None:

@@ -34,12 +34,10 @@ from typing import Final
 
 from masd.config import Listen
 from masd.core.errors import MasdError
+from masd.edges.context import EdgeContext
 from masd.edges.lmtp import check_recipient
 from masd.edges.lmtp_replies import Replies, ReplyCode
 from masd.edges.sockets import ListenError, serve
-from masd.metrics import Metrics
-from masd.service import Runtime
-from masd.store import Store
 
 log = logging.getLogger("masd.policy")
 
@@ -113,10 +111,10 @@ def action_for(reply: ReplyCode, text: str) -> Decision:
 class PolicyHandler:
     """Answers access policy requests from the LMTP edge's recipient check."""
 
-    def __init__(self, rt: Runtime, store: Store, metrics: Metrics) -> None:
-        self.rt = rt
-        self.store = store
-        self.metrics = metrics
+    def __init__(self, ctx: EdgeContext) -> None:
+        self.rt = ctx.rt
+        self.store = ctx.store
+        self.metrics = ctx.metrics
 
     async def decide(self, attrs: Mapping[str, str]) -> Decision:
         """The decision for one parsed request.  Never raises."""

@@ -62,6 +62,12 @@ SOCKET_MODE: Final = 0o660
 PROBE_SECONDS: Final = 2.0
 
 
+#: Connections the kernel holds before masd accepts them (asyncio's default is
+#: 100): a burst of clients waits in the queue for its answer (at worst the
+#: session cap's 421) instead of retrying dropped SYNs.
+BACKLOG: Final = 1024
+
+
 class ListenError(MasdError):
     """A listener cannot start (address in use, a non-socket at the path)."""
 
@@ -237,18 +243,20 @@ async def serve(
     loop = asyncio.get_running_loop()
     if sock is not None:
         if sock.family == socket.AF_UNIX:
-            return await loop.create_unix_server(factory, sock=sock)
-        return await loop.create_server(factory, sock=sock)
+            return await loop.create_unix_server(factory, sock=sock, backlog=BACKLOG)
+        return await loop.create_server(factory, sock=sock, backlog=BACKLOG)
     if listen is None:
         raise error("no address configured")
     if isinstance(listen, TcpListen):
         try:
-            return await loop.create_server(factory, host=listen.host, port=listen.port)
+            return await loop.create_server(
+                factory, host=listen.host, port=listen.port, backlog=BACKLOG
+            )
         except OSError as exc:
             raise error(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
     bound = await bind_unix(listen.path, error=error)
     try:
-        return await loop.create_unix_server(factory, sock=bound)
+        return await loop.create_unix_server(factory, sock=bound, backlog=BACKLOG)
     except OSError as exc:
         bound.close()
         raise error(f"cannot listen on {listen}: {exc.strerror or exc}") from exc

@@ -13,19 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import math
-from collections.abc import Callable
 from typing import Final
 
-from sqlite_utils import Database
-
 from masd import service
-from masd.clock import Clock
-from masd.metrics import Metrics
-from masd.service import Runtime
-from masd.store import Store
+from masd.edges.context import EdgeContext
+from masd.store import Tx
 
 log = logging.getLogger("masd.timer")
 
@@ -42,26 +36,19 @@ WAKES_METRIC: Final = "masd_timer_wakes_total"
 class DeadlineTimer:
     """Fires due deadlines; see the module docstring."""
 
-    def __init__(
-        self,
-        rt: Runtime,
-        store: Store,
-        clock: Clock,
-        metrics: Metrics,
-        on_commit: Callable[[], None],
-    ) -> None:
-        self._rt = rt
-        self._store = store
-        self._clock = clock
-        self._metrics = metrics
-        self._on_commit = on_commit
+    def __init__(self, ctx: EdgeContext) -> None:
+        self._rt = ctx.rt
+        self._store = ctx.store
+        self._clock = ctx.clock
+        self._metrics = ctx.metrics
+        self._listener = ctx.listener
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failing: dict[str, float] = {}  # handoff id -> clock time to try again
         # The clock time the loop sleeps until; +inf while it looks (its read
         # may predate a commit) or when no deadline is set.
         self._until = math.inf
-        metrics.inc(WAKES_METRIC, 0.0)  # on /metrics from the start
+        self._metrics.inc(WAKES_METRIC, 0.0)  # on /metrics from the start
 
     def start(self) -> None:
         if self._task is not None:
@@ -126,20 +113,11 @@ class DeadlineTimer:
             if len(due) < PAGE or not todo:
                 return
 
-    def _next(self, db: Database) -> float | None:
+    def _next(self, tx: Tx) -> float | None:
         """When to look again: the next deadline, or a failed firing's retry time."""
-        if not self._failing:
-            return service.next_deadline(db)
-        row = db.execute(
-            "SELECT MIN(deadline_at) FROM handoffs WHERE closed_at IS NULL "
-            "AND deadline_at IS NOT NULL "
-            "AND handoff_id NOT IN (SELECT value FROM json_each(?))",
-            (json.dumps(list(self._failing)),),
-        ).fetchone()
-        times = [*self._failing.values()]
-        if row is not None and row[0] is not None:
-            times.append(float(row[0]))
-        return min(times)
+        deadline = service.next_deadline(tx, exclude=list(self._failing))
+        times = [*self._failing.values(), *([] if deadline is None else [deadline])]
+        return min(times, default=None)
 
     async def _fire(self, handoff_id: str, now: float) -> None:
         rt = self._rt
@@ -155,7 +133,7 @@ class DeadlineTimer:
         if fired is not None:
             self._metrics.inc("masd_deadlines_fired_total")
             log.info("deadline fired handoff=%s status=timed-out", handoff_id)
-        service.committed(self._on_commit, service.NO_WAKES if fired is None else fired)
+        self._listener.committed(service.NO_WAKES if fired is None else fired)
 
 
 async def _pause(event: asyncio.Event, seconds: float) -> None:

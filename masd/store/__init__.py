@@ -1,24 +1,66 @@
 """masd's durable state: SQLite in WAL mode, one writer thread with group commit.
 
+This package is masd's data-access layer: every SQL statement of masd is in
+it, and nothing outside it touches the database but through it.  A store job
+(:meth:`Store.write`, :meth:`Store.read`) is handed a :class:`Tx`, which it
+passes to the functions of one module per aggregate:
+
+- :mod:`~masd.store.cases`: cases, their ids, policy and send counts;
+- :mod:`~masd.store.messages`: recorded mails, delivery dedupe, slave intakes;
+- :mod:`~masd.store.thread`: each case's thread;
+- :mod:`~masd.store.handoffs`: handoffs, statuses, deadlines;
+- :mod:`~masd.store.outbox`: what waits to go out;
+- :mod:`~masd.store.idempotency`: answers kept per (peer, id);
+- :mod:`~masd.store.purge`, :mod:`~masd.store.gauges`, :mod:`~masd.store.reads`:
+  housekeeping, ``/metrics`` and the read side.
+
 Timestamps in every table are REAL epoch seconds (UTC); JSON columns are TEXT.
 See :mod:`masd.store.schema` for the tables and :mod:`masd.store.db` for the
 write/read model.
 """
 
+from masd.core.kinds import THREAD_KINDS
+from masd.store import (
+    cases,
+    gauges,
+    handoffs,
+    idempotency,
+    messages,
+    outbox,
+    purge,
+    reads,
+    thread,
+)
+from masd.store.cases import next_number
 from masd.store.db import MAX_BATCH, Store, StoreError, StoreStats, backup, migrate
-from masd.store.schema import MIGRATIONS, THREAD_KINDS, Migration, append_thread, dumps, next_number
+from masd.store.outbox import OutboxItem
+from masd.store.schema import MIGRATIONS, Migration
+from masd.store.sql import Tx, dumps, savepoint
+from masd.store.thread import append_thread
 
 __all__ = [
     "MAX_BATCH",
     "MIGRATIONS",
     "THREAD_KINDS",
     "Migration",
+    "OutboxItem",
     "Store",
     "StoreError",
     "StoreStats",
+    "Tx",
     "append_thread",
     "backup",
+    "cases",
     "dumps",
+    "gauges",
+    "handoffs",
+    "idempotency",
+    "messages",
     "migrate",
     "next_number",
+    "outbox",
+    "purge",
+    "reads",
+    "savepoint",
+    "thread",
 ]

@@ -3,11 +3,13 @@
 Durability rule: a caller is answered only after the transaction holding its
 job is committed (``synchronous=FULL``, so the commit is on disk).
 
-Writes.  A job is a plain function ``fn(db) -> T`` run synchronously in the
-writer thread, which owns the only write connection.  The writer takes every
-job waiting in its queue (at most :data:`MAX_BATCH`), opens ``BEGIN
-IMMEDIATE``, runs each job inside its own ``SAVEPOINT``, then issues one
-``COMMIT`` (one fsync for the batch) and only then answers every caller:
+Writes.  A job is a plain function ``fn(tx) -> T`` (``tx``: a
+:class:`~masd.store.sql.Tx`, which it hands to the store's functions) run
+synchronously in the writer thread, which owns the only write connection.
+The writer takes every job waiting in its queue (at most
+:data:`MAX_BATCH`), opens ``BEGIN IMMEDIATE``, runs each job inside its own
+``SAVEPOINT``, then issues one ``COMMIT`` (one fsync for the batch) and only
+then answers every caller:
 
 - a job that raises is rolled back to its savepoint alone; its caller gets
   the exception (``sqlite3`` errors wrapped in :class:`StoreError`), its
@@ -64,6 +66,7 @@ from sqlite_utils import Database
 
 from masd.core.errors import MasdError
 from masd.store.schema import MIGRATIONS, Migration
+from masd.store.sql import Tx
 
 T = TypeVar("T")
 
@@ -128,9 +131,7 @@ class _Outcome:
 class _Job:
     __slots__ = ("_settle", "fn", "settled")
 
-    def __init__(
-        self, fn: Callable[[Database], object], settle: Callable[[_Outcome], None]
-    ) -> None:
+    def __init__(self, fn: Callable[[Tx], object], settle: Callable[[_Outcome], None]) -> None:
         self.fn = fn
         self._settle = settle
         self.settled = False
@@ -487,7 +488,7 @@ class Store:
                 raise StoreError(f"store {self._path} is closed")
             self._queue.put(job)
 
-    async def write(self, fn: Callable[[Database], T]) -> T:
+    async def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in the writer; return its result once durably committed."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
@@ -500,7 +501,7 @@ class Store:
         self._submit(_Job(fn, settle))
         return await fut
 
-    def write_sync(self, fn: Callable[[Database], T]) -> T:
+    def write_sync(self, fn: Callable[[Tx], T]) -> T:
         """Like :meth:`write`, for plain threads; blocks until committed."""
         if threading.current_thread() is self._thread:
             raise StoreError("write_sync called from inside a store job (would deadlock)")
@@ -674,7 +675,7 @@ class Store:
             self._reader_local.db = db
         return cast(Database, db)
 
-    def _run_read(self, fn: Callable[[Database], T]) -> T:
+    def _run_read(self, fn: Callable[[Tx], T]) -> T:
         db = self._reader()
         conn = db.conn
         try:
@@ -690,7 +691,7 @@ class Store:
             raise StoreError(f"store read returned a lazy {type(value).__name__}; return a list")
         return value
 
-    async def read(self, fn: Callable[[Database], T]) -> T:
+    async def read(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` on a reader thread inside one read transaction."""
         with self._lock:
             if self._closed:
@@ -698,7 +699,7 @@ class Store:
             cf = self._readers.submit(self._run_read, fn)
         return await asyncio.wrap_future(cf)
 
-    def read_sync(self, fn: Callable[[Database], T]) -> T:
+    def read_sync(self, fn: Callable[[Tx], T]) -> T:
         """Like :meth:`read`, for plain threads."""
         if _in_event_loop():
             raise StoreError("read_sync called on a running event loop; use await read()")

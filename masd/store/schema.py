@@ -8,12 +8,14 @@ Conventions every table follows:
   numeric comparisons.  RFC 3339 strings appear only inside JSON payloads and
   on the wire; the read side formats ``at`` when it shows a thread.
 - **JSON columns** (``policy``, ``event``, ``details``, ``data``) are ``TEXT``
-  holding one JSON document (see :func:`dumps`); a ``CHECK (json_valid(..))``
-  refuses anything else.
+  holding one JSON document (see :func:`masd.store.sql.dumps`); a ``CHECK
+  (json_valid(..))`` refuses anything else.
 - Tables are ``STRICT``: a value of the wrong type (a timestamp string in a
   ``REAL`` column, say) is refused by SQLite instead of being stored.
 - Enumerations (roles, statuses, thread kinds, outbox states) are ``CHECK``
   constraints, so a misspelt value is refused at the row that carries it.
+  Their names come from :mod:`masd.core.kinds` and the status table;
+  ``tests/test_schema.py`` holds the constraints to them.
 - Foreign keys are immediate (never ``DEFERRABLE``): several jobs share one
   transaction (group commit), and a deferred violation would only surface at
   ``COMMIT`` and fail the whole batch instead of the one job at fault.  Insert
@@ -23,18 +25,21 @@ Conventions every table follows:
 A migration is ``(version, name, apply)``; ``apply`` is SQL text (one or more
 statements) or a callable taking the ``sqlite_utils.Database``.  Versions
 start at 1 and have no gaps.  Applied migrations are recorded in
-``masd_migrations``.  Never edit a released migration; append a new one.
+``masd_migrations``.
+
+A released migration is a frozen literal: never edit it, never build it from
+a constant that may change (a store migrated by the old text would differ
+from one migrated by the new, with nothing to tell them apart).  Change the
+schema by appending a migration; ``tests/test_schema.py`` pins each released
+text by its SHA-256 and the schema they build together.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import NamedTuple
 
 from sqlite_utils import Database
-
-from masd.core.errors import MasdError
 
 
 class Migration(NamedTuple):
@@ -43,24 +48,8 @@ class Migration(NamedTuple):
     apply: str | Callable[[Database], None]
 
 
-THREAD_KINDS = frozenset(
-    {
-        "mail.in",
-        "mail.out",
-        "mail.refused",
-        "status",
-        "contract.in",
-        "contract.out",
-        "delivery.failed",
-    }
-)
-
-_STATUSES = (
-    "'requested', 'negotiating', 'scheduled', 'attempted', 'running', "
-    "'completed', 'failed', 'expired', 'refused', 'cancelled', 'timed-out'"
-)
-
-_INITIAL = f"""
+#: Migration 1, as released.
+INITIAL = """
 CREATE TABLE id_counters (
     domain TEXT NOT NULL,
     type   TEXT NOT NULL,
@@ -126,14 +115,14 @@ CREATE TABLE handoffs (
     case_key     TEXT NOT NULL REFERENCES cases (key),
     mode         TEXT NOT NULL,
     peer         TEXT,
-    status       TEXT NOT NULL CHECK (status IN ({_STATUSES})),
+    status       TEXT NOT NULL CHECK (status IN ('requested', 'negotiating', 'scheduled', 'attempted', 'running', 'completed', 'failed', 'expired', 'refused', 'cancelled', 'timed-out')),
     last_seq     INTEGER,
     requested_at REAL NOT NULL,
     deadline_at  REAL,
     closed_at    REAL,
     forwarded    INTEGER NOT NULL DEFAULT 0 CHECK (forwarded IN (0, 1)),
     webhook_url  TEXT,
-    details      TEXT NOT NULL DEFAULT '{{}}' CHECK (json_valid(details))
+    details      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(details))
 ) STRICT;
 CREATE INDEX handoffs_case ON handoffs (case_key, requested_at);
 CREATE INDEX handoffs_open_deadline ON handoffs (deadline_at) WHERE closed_at IS NULL;
@@ -142,9 +131,9 @@ CREATE TABLE statuses (
     handoff_id TEXT NOT NULL REFERENCES handoffs (handoff_id),
     n          INTEGER NOT NULL CHECK (n >= 1),
     seq        INTEGER,
-    status     TEXT NOT NULL CHECK (status IN ({_STATUSES})),
+    status     TEXT NOT NULL CHECK (status IN ('requested', 'negotiating', 'scheduled', 'attempted', 'running', 'completed', 'failed', 'expired', 'refused', 'cancelled', 'timed-out')),
     source     TEXT NOT NULL CHECK (source IN ('email', 'mode', 'master')),
-    data       TEXT NOT NULL DEFAULT '{{}}' CHECK (json_valid(data)),
+    data       TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
     at         REAL NOT NULL,
     PRIMARY KEY (handoff_id, n)
 ) STRICT;
@@ -152,9 +141,9 @@ CREATE TABLE statuses (
 CREATE TABLE thread (
     case_key TEXT NOT NULL REFERENCES cases (key),
     seq      INTEGER NOT NULL CHECK (seq >= 1),
-    kind     TEXT NOT NULL CHECK (kind IN ({", ".join(f"'{k}'" for k in sorted(THREAD_KINDS))})),
+    kind     TEXT NOT NULL CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.in', 'mail.out', 'mail.refused', 'status')),
     at       REAL NOT NULL,
-    data     TEXT NOT NULL DEFAULT '{{}}' CHECK (json_valid(data)),
+    data     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
     PRIMARY KEY (case_key, seq)
 ) STRICT;
 
@@ -194,59 +183,6 @@ CREATE TABLE send_log (
     at        REAL NOT NULL
 ) STRICT;
 CREATE INDEX send_log_recipient ON send_log (recipient, at);
-"""
+"""  # noqa: E501
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", _INITIAL),)
-
-
-#: One encoder for every call (``json.dumps`` with options builds a new one each
-#: time); it keeps no state between calls, so threads may share it.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-
-
-def dumps(value: object) -> str:
-    """The one JSON encoding of the JSON columns: compact, UTF-8, keys sorted."""
-    return _ENCODER.encode(value)
-
-
-def next_number(db: Database, domain: str, type_: str) -> int:
-    """Take the next master-role id number for (domain, type): 1, 2, ...
-
-    PROFILE §1: "email assigns ids ``<id_prefix><n>`` ... n = 1, 2, … per
-    domain and type, never reused."  The bump is part of the caller's job, so
-    a job that rolls back gives its number back only together with the case
-    that would have used it.
-    """
-    rows = db.execute(
-        "INSERT INTO id_counters (domain, type, next_n) VALUES (?, ?, 2) "
-        "ON CONFLICT (domain, type) DO UPDATE SET next_n = next_n + 1 "
-        "RETURNING next_n - 1",
-        (domain, type_),
-    ).fetchall()
-    return int(rows[0][0])
-
-
-def append_thread(
-    db: Database, case_key: str, kind: str, data: Mapping[str, object], *, at: float
-) -> int:
-    """Append one entry to a case's thread and return its per-case ``seq``.
-
-    ``seq`` comes from ``cases.thread_seq``, bumped in the same job, so seqs
-    are 1, 2, ... per case with no gaps and no reuse.
-    """
-    if kind not in THREAD_KINDS:
-        raise MasdError(
-            f"thread kind {kind!r} is not one of {sorted(THREAD_KINDS)}", code="bad-thread-kind"
-        )
-    rows = db.execute(
-        "UPDATE cases SET thread_seq = thread_seq + 1 WHERE key = ? RETURNING thread_seq",
-        (case_key,),
-    ).fetchall()
-    if not rows:
-        raise MasdError(f"no case {case_key!r} to append a {kind} entry to", code="unknown-case")
-    seq = int(rows[0][0])
-    db.execute(
-        "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)",
-        (case_key, seq, kind, float(at), dumps(dict(data))),
-    )
-    return seq
+MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", INITIAL),)

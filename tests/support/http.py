@@ -18,6 +18,7 @@ from masd.config import Config, Listen, TcpListen, load_config
 from masd.core.address import parse_address
 from masd.core.event import build_event
 from masd.core.trust import TrustSettings
+from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.metrics import Metrics
 from masd.readside import rfc3339
@@ -158,6 +159,16 @@ def status_message(
     }
 
 
+class _Commits:
+    """A commit listener that counts the commits it is told of."""
+
+    def __init__(self, commits: list[int]) -> None:
+        self.commits = commits
+
+    def committed(self, wakes: Any) -> None:
+        self.commits.append(1)
+
+
 @asynccontextmanager
 async def serving(
     tmp_path: Path,
@@ -173,7 +184,7 @@ async def serving(
     clock = Clock()
     metrics = Metrics()
     commits: list[int] = []
-    edge = HttpEdge(rt, store, clock, metrics, on_commit=lambda: commits.append(1))
+    edge = HttpEdge(EdgeContext(rt, store, clock, metrics, _Commits(commits)))
     server = await start_http(
         listen or TcpListen("127.0.0.1", 0), edge, limits=limits or HttpLimits()
     )

@@ -1,0 +1,91 @@
+"""Where inputs meet the store: load state, call the engine, apply its effects.
+
+Every public function here runs inside one store job (the writer thread, one
+transaction per input; see :mod:`masd.store`).  It reads the case's state,
+asks the pure engine (:mod:`masd.core.engine`, :mod:`masd.core.slave`) what
+follows, and applies the effects, so an input and everything it causes
+commit together.  One module per input:
+
+- :mod:`~masd.service.intake`: a mail over LMTP (:func:`deliver`), either role;
+- :mod:`~masd.service.contract`: a contract message over HTTP (:func:`receive`),
+  dispatched by its type;
+- :mod:`~masd.service.deadlines`: a handoff's deadline (:func:`fire_deadline`);
+- :mod:`~masd.service.outbox`: what an outbox delivery attempt came to;
+- :mod:`~masd.service.housekeeping`: expired rows (:func:`purge`);
+
+and :mod:`~masd.service.apply`, the one place effects are carried out, which
+returns what it applied.  Principle 10 (CONTRACT §6) is enforced there, in
+the one function every outbound mail passes through.
+"""
+
+from masd.service.apply import Applied, Recorded, apply
+from masd.service.contract import HANDLERS, Received, receive
+from masd.service.deadlines import due_deadlines, fire_deadline, next_deadline
+from masd.service.housekeeping import (
+    DONE_OUTBOX_KEPT,
+    IDEMPOTENCY_WINDOW,
+    PURGE_BATCH,
+    purge,
+)
+from masd.service.intake import DEDUPE_WINDOW, Delivered, dedupe_key, deliver
+from masd.service.outbox import (
+    backoff,
+    due_outbox,
+    next_outbox_at,
+    outbox_done,
+    outbox_failed,
+    outbox_retry,
+)
+from masd.service.runtime import (
+    ALL_WAKES,
+    MAX_TYPE_VIEWS,
+    NO_WAKES,
+    CommitListener,
+    Job,
+    NoListener,
+    Runtime,
+    UnknownCase,
+    Wakes,
+)
+from masd.service.state import case_exists, load_case, load_handoff, policy_of
+from masd.store import OutboxItem
+
+__all__ = [
+    "ALL_WAKES",
+    "DEDUPE_WINDOW",
+    "DONE_OUTBOX_KEPT",
+    "HANDLERS",
+    "IDEMPOTENCY_WINDOW",
+    "MAX_TYPE_VIEWS",
+    "NO_WAKES",
+    "PURGE_BATCH",
+    "Applied",
+    "CommitListener",
+    "Delivered",
+    "Job",
+    "NoListener",
+    "OutboxItem",
+    "Received",
+    "Recorded",
+    "Runtime",
+    "UnknownCase",
+    "Wakes",
+    "apply",
+    "backoff",
+    "case_exists",
+    "dedupe_key",
+    "deliver",
+    "due_deadlines",
+    "due_outbox",
+    "fire_deadline",
+    "load_case",
+    "load_handoff",
+    "next_deadline",
+    "next_outbox_at",
+    "outbox_done",
+    "outbox_failed",
+    "outbox_retry",
+    "policy_of",
+    "purge",
+    "receive",
+]

@@ -1,0 +1,188 @@
+"""What every input is handled with: the runtime (config, peers, ids), the
+running job, and what a committed job woke."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final, Protocol
+
+from masd.config import Config, TypeConfig, webhook_for
+from masd.core.engine import Context, EndpointView, Peer, PolicyView, TypeView
+from masd.core.errors import MasdError
+from masd.core.slave import SlaveTerms, Transfer
+from masd.core.trust import TrustSettings
+from masd.peers import Directory, master_peer_id, mode_peer_id, peers_of, webhook_peer_id
+from masd.store import Tx
+
+#: Cached TypeViews per Runtime, at most (see :meth:`Runtime.type_view`).
+MAX_TYPE_VIEWS = 1024
+
+
+class UnknownCase(MasdError):
+    """``type=id@D`` with no such case (LMTP ``550 5.1.1``)."""
+
+    code = "unknown-case"
+
+
+@dataclass
+class Runtime:
+    """What the service needs besides the database: config, peers, ids, where statuses go."""
+
+    config: Config
+    new_id: Callable[[], str]
+    directory: Directory = field(init=False)
+    status_url: str = field(init=False)
+    #: TypeViews already built, per (domain, type) as asked; the config never
+    #: changes under a Runtime.
+    _views: dict[tuple[str, str], TypeView] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.directory = Directory(peers_of(self.config))
+        self.status_url = self.config.server.public_url.rstrip("/") + "/mas/v0.1/messages"
+        self._views = {}
+
+    def context(self, now: float) -> Context:
+        return Context(now=now, new_id=self.new_id, status_url=self.status_url)
+
+    def type_config(self, domain: str, type_: str) -> TypeConfig:
+        typ = self.config.type_for(domain, type_)
+        if typ is None:
+            raise UnknownCase(f"no type {type_!r} at {domain}")
+        return typ
+
+    def type_view(self, domain: str, type_: str) -> TypeView:
+        view = self._views.get((domain, type_))
+        if view is not None:
+            return view
+        typ = self.type_config(domain, type_)
+        endpoints = {
+            mode: EndpointView(mode_peer_id(domain, type_, mode), ep.url, ep.deadline, ep.fields)
+            for mode, ep in typ.endpoints.items()
+        }
+        view = TypeView(
+            role="master" if typ.role == "master" else "slave",
+            modes=frozenset(typ.modes),
+            endpoints=MappingProxyType(endpoints),
+            acknowledge=typ.acknowledge,
+            require_dmarc_for_handoff=typ.require_dmarc_for_handoff,
+            id_prefix=typ.id_prefix,
+        )
+        # Only configured types get here; the bound keeps odd spellings of
+        # their names (the domain and type as asked) from piling up.
+        if len(self._views) < MAX_TYPE_VIEWS:
+            self._views[(domain, type_)] = view
+        return view
+
+    def trust(self) -> TrustSettings:
+        server = self.config.server
+        return TrustSettings(
+            frozenset(server.trusted_authserv_ids), frozenset(server.trusted_hosts)
+        )
+
+    def master_of(self, domain: str, type_: str) -> Peer:
+        master = self.type_config(domain, type_).master
+        if master is None:
+            raise MasdError(f"type {type_} at {domain} has no master", code="not-slave")
+        return Peer(master_peer_id(domain, type_), master.url)
+
+    def default_policy(self, domain: str, type_: str) -> PolicyView:
+        policy = self.type_config(domain, type_).policy
+        return PolicyView(policy.autonomous_send, policy.transfers)
+
+    def transfer(self, domain: str, type_: str, policy: PolicyView) -> Transfer | None:
+        """The webhook a policy's transfers URL points at (PROFILE §10), or None."""
+        if policy.transfers == "block":
+            return None
+        hook = webhook_for(self.type_config(domain, type_), policy.transfers)
+        if hook is None:
+            return None
+        return Transfer(webhook_peer_id(domain, type_, hook.url), policy.transfers, hook.fields)
+
+    def slave_terms(self, domain: str, type_: str, policy: PolicyView) -> SlaveTerms:
+        """What governs a slave case of ``type_`` at ``domain`` under ``policy``."""
+        return SlaveTerms(
+            policy,
+            self.master_of(domain, type_),
+            self.transfer(domain, type_, policy),
+            self.type_config(domain, type_).require_dmarc_for_handoff,
+        )
+
+    def url_of(self, peer_id: str | None) -> str | None:
+        peer = self.directory.by_id.get(peer_id or "")
+        return peer.url if peer else None
+
+
+@dataclass(frozen=True)
+class Job:
+    """One input being handled: the runtime, the store job's transaction, its time."""
+
+    rt: Runtime
+    tx: Tx
+    now: float
+
+    def context(self) -> Context:
+        return self.rt.context(self.now)
+
+
+# --------------------------------------------------------------------------- what a job woke
+
+
+@dataclass(frozen=True)
+class Wakes:
+    """What a committed store job gave the outbox sender and the deadline timer to do.
+
+    ``outbox``: the job queued at least one outbox row.  ``deadline``: the
+    earliest ``handoffs.deadline_at`` it wrote, if any.  The app wakes the
+    outbox only for the first and the timer only for a deadline sooner than
+    the one it sleeps until, so a plain intake mail or a ``negotiating``
+    status costs neither a read.
+
+    How it stays exact under group commit: :func:`masd.service.apply.apply`,
+    the one place effects are written, returns what it wrote, and each job's
+    top-level function (:func:`~masd.service.deliver`,
+    :func:`~masd.service.receive`, :func:`~masd.service.fire_deadline`,
+    :func:`~masd.service.outbox_failed`) returns it in the job's result, so
+    it reaches the edge only once that job has committed.  Nothing is read
+    after a commit from state another job may have changed meanwhile, and a
+    job that rolled back wakes nobody.
+    """
+
+    outbox: bool = False
+    deadline: float | None = None
+
+    def __or__(self, other: Wakes) -> Wakes:
+        deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
+        return Wakes(self.outbox or other.outbox, min(deadlines) if deadlines else None)
+
+    @staticmethod
+    def union(wakes: Iterable[Wakes]) -> Wakes:
+        out = NO_WAKES
+        for w in wakes:
+            out = out | w
+        return out
+
+
+NO_WAKES: Final = Wakes()
+#: A commit whose effect nobody described (and the test clock): wake both.
+ALL_WAKES: Final = Wakes(outbox=True, deadline=float("-inf"))
+
+
+class CommitListener(Protocol):
+    """Told, on the event loop, what each committed store job gave to do.
+
+    Each edge tells its listener (the app's wakes the outbox and the timer)
+    the :class:`Wakes` of every store job of its once that job has committed;
+    :data:`ALL_WAKES` when the test clock moved and anything may be due.
+    """
+
+    def committed(self, wakes: Wakes) -> None:
+        """A store job committed, having written ``wakes``."""
+
+
+class NoListener:
+    """A :class:`CommitListener` for an edge whose commits wake nobody."""
+
+    def committed(self, wakes: Wakes) -> None:
+        del wakes  # nothing listens

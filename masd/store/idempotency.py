@@ -1,0 +1,29 @@
+"""Answers kept per (peer, id), so a repeated contract message gets the same one (PROFILE §6)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from masd.store.sql import Tx, dumps, one, run
+
+
+def answered(tx: Tx, peer: str, message_id: str) -> tuple[int, Any] | None:
+    """The (status, body) kept for this (peer, id), if the message was received before."""
+    kept = one(
+        tx, "SELECT status, body FROM idempotency WHERE peer = ? AND id = ?", (peer, message_id)
+    )
+    if kept is not None:
+        return int(kept["status"]), json.loads(kept["body"])
+    return None
+
+
+def keep(
+    tx: Tx, peer: str, message_id: str, status: int, body: Mapping[str, Any], now: float
+) -> None:
+    run(
+        tx,
+        "INSERT INTO idempotency (peer, id, status, body, at) VALUES (?, ?, ?, ?, ?)",
+        (peer, message_id, status, dumps(dict(body)), now),
+    )

@@ -1,0 +1,169 @@
+"""Recorded mails, their delivery dedupe (PROFILE §2) and slave-role intakes (CONTRACT §3.2.1)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from masd.core.event import GatewayEvent
+from masd.core.slave import IntakeView
+from masd.store.sql import Tx, dumps, one, run, value
+
+
+def record(
+    tx: Tx,
+    ev: GatewayEvent,
+    raw: bytes,
+    sha256: str,
+    now: float,
+    *,
+    dedupe: str,
+    case_key: str | None,
+    intake_ref: str | None = None,
+) -> None:
+    """Record one recipient's copy of a mail, and its dedupe key."""
+    run(
+        tx,
+        "INSERT INTO messages (message_ref, case_key, intake_ref, rcpt_to, mail_from, message_id, "
+        "from_address, sha256, size, raw, event, received_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            ev.message_ref,
+            case_key,
+            intake_ref,
+            ev.rcpt_to,
+            ev.mail_from,
+            ev.message_id,
+            ev.from_address,
+            sha256,
+            len(raw),
+            raw,
+            dumps(ev.to_json()),
+            now,
+        ),
+    )
+    run(
+        tx,
+        "INSERT INTO deliveries (dedupe, message_ref, at) VALUES (?, ?, ?) "
+        "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at",
+        (dedupe, ev.message_ref, now),
+    )
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A mail recorded before under the same dedupe key."""
+
+    message_ref: str
+    case_key: str  # "" for a slave-role intake not assigned yet
+    at: float
+
+
+def seen(tx: Tx, dedupe: str, since: float) -> Seen | None:
+    """The mail recorded under ``dedupe`` after ``since``, if any."""
+    found = one(tx, "SELECT message_ref, at FROM deliveries WHERE dedupe = ?", (dedupe,))
+    if found is None or not found["at"] > since:
+        return None
+    m = one(tx, "SELECT case_key FROM messages WHERE message_ref = ?", (found["message_ref"],))
+    return Seen(found["message_ref"], (m or {}).get("case_key") or "", found["at"])
+
+
+@dataclass(frozen=True)
+class Sender:
+    """Who sent a recorded mail, and the event masd recorded for it."""
+
+    message_ref: str
+    from_address: str
+    event: dict[str, Any]
+
+
+def _sender(row: dict[str, Any] | None) -> Sender | None:
+    if row is None:
+        return None
+    return Sender(row["message_ref"], row["from_address"] or "", json.loads(row["event"]))
+
+
+def on_case(tx: Tx, case_key: str, message_ref: str) -> Sender | None:
+    """The mail ``message_ref`` if it was recorded on case ``case_key``."""
+    return _sender(
+        one(
+            tx,
+            "SELECT message_ref, from_address, event FROM messages "
+            "WHERE message_ref = ? AND case_key = ?",
+            (message_ref, case_key),
+        )
+    )
+
+
+def latest_from(tx: Tx, case_key: str, address: str) -> Sender | None:
+    """The latest mail from ``address`` (any case of letters) on case ``case_key``."""
+    return _sender(
+        one(
+            tx,
+            "SELECT message_ref, from_address, event FROM messages "
+            "WHERE case_key = ? AND lower(from_address) = lower(?) "
+            "ORDER BY received_at DESC, rowid DESC LIMIT 1",
+            (case_key, address),
+        )
+    )
+
+
+def move_to_case(tx: Tx, message_ref: str, case_key: str) -> None:
+    run(tx, "UPDATE messages SET case_key = ? WHERE message_ref = ?", (case_key, message_ref))
+
+
+@dataclass(frozen=True)
+class Intake:
+    """A slave-role intake (CONTRACT §3.2.1), and who sent its mail to whom."""
+
+    view: IntakeView
+    mail_from: str
+    rcpt_to: str
+
+
+def open_intake(
+    tx: Tx, intake_ref: str, domain: str, type_: str, message_ref: str, mode: str | None, now: float
+) -> None:
+    run(
+        tx,
+        "INSERT INTO intakes (intake_ref, domain, type, message_ref, requested_mode, "
+        "created_at) VALUES (?,?,?,?,?,?)",
+        (intake_ref, domain, type_, message_ref, mode, now),
+    )
+
+
+def intake(tx: Tx, intake_ref: str) -> Intake | None:
+    """The intake ``intake_ref`` with its mail, in one statement."""
+    row = one(
+        tx,
+        "SELECT i.intake_ref, i.domain, i.type, i.requested_mode, i.case_key, m.message_ref, "
+        "m.mail_from, m.rcpt_to, m.from_address, m.event FROM intakes i "
+        "JOIN messages m ON m.message_ref = i.message_ref WHERE i.intake_ref = ?",
+        (intake_ref,),
+    )
+    if row is None:
+        return None
+    view = IntakeView(
+        intake_ref=row["intake_ref"],
+        domain=row["domain"],
+        type=row["type"],
+        requested_mode=row["requested_mode"],
+        case_key=row["case_key"],
+        message_ref=row["message_ref"],
+        from_address=row["from_address"],
+        event=json.loads(row["event"]),
+    )
+    return Intake(view, row["mail_from"], row["rcpt_to"])
+
+
+def raw(tx: Tx, message_ref: str) -> bytes:
+    """The bytes of recorded mail ``message_ref``."""
+    return bytes(value(tx, "SELECT raw FROM messages WHERE message_ref = ?", (message_ref,)))
+
+
+def assign_intake(tx: Tx, intake_ref: str, case_key: str, now: float) -> None:
+    run(
+        tx,
+        "UPDATE intakes SET case_key = ?, assigned_at = ? WHERE intake_ref = ?",
+        (case_key, now, intake_ref),
+    )

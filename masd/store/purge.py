@@ -1,0 +1,37 @@
+"""Forgetting rows no rule needs any more, in bounded batches."""
+
+from __future__ import annotations
+
+from masd.store.sql import Tx, run
+
+
+def purge(
+    tx: Tx,
+    *,
+    deliveries_before: float,
+    idempotency_before: float,
+    done_outbox_before: float,
+    limit: int,
+) -> dict[str, int]:
+    """Delete at most ``limit`` rows per table older than its bound; the rows
+    removed per table.  Cases, messages, threads and failed outbox rows are kept."""
+    return {
+        "deliveries": run(
+            tx,
+            "DELETE FROM deliveries WHERE rowid IN "
+            "(SELECT rowid FROM deliveries WHERE at < ? LIMIT ?)",
+            (deliveries_before, limit),
+        ),
+        "idempotency": run(
+            tx,
+            "DELETE FROM idempotency WHERE rowid IN "
+            "(SELECT rowid FROM idempotency WHERE at < ? LIMIT ?)",
+            (idempotency_before, limit),
+        ),
+        "outbox": run(
+            tx,
+            "DELETE FROM outbox WHERE id IN "
+            "(SELECT id FROM outbox WHERE state = 'done' AND created_at < ? LIMIT ?)",
+            (done_outbox_before, limit),
+        ),
+    }

@@ -1,0 +1,77 @@
+"""The handle a store job holds, and the few ways the store's modules use it.
+
+A write job (:meth:`masd.store.Store.write`) and a read
+(:meth:`masd.store.Store.read`) are handed a :class:`Tx`: the open
+transaction they run in.  Outside :mod:`masd.store` it is opaque, a value to
+pass to the store's functions (``masd.store.cases.load(tx, key)``, ...);
+only the modules of this package see the connection behind it, through the
+helpers below.  That keeps every SQL statement of masd in this package.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol, cast
+
+from sqlite_utils import Database
+
+
+class Tx(Protocol):
+    """An open store transaction (a write job's or a read's); see the module docstring."""
+
+
+def db(tx: Tx) -> Database:
+    """The connection behind ``tx`` (for this package's modules only)."""
+    return cast(Database, tx)
+
+
+def one(tx: Tx, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+    """The first row of ``sql`` as a dict by column name, or None."""
+    cur = db(tx).execute(sql, tuple(params))
+    row = cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip([c[0] for c in cur.description], row, strict=True))
+
+
+def rows(tx: Tx, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """Every row of ``sql``, each a dict by column name."""
+    cur = db(tx).execute(sql, tuple(params))
+    names = [c[0] for c in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def tuples(tx: Tx, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Every row of ``sql`` (or of its ``RETURNING`` clause), as tuples."""
+    return cast(list[tuple[Any, ...]], db(tx).execute(sql, tuple(params)).fetchall())
+
+
+def value(tx: Tx, sql: str, params: Sequence[Any] = ()) -> Any:
+    """The first column of the first row of ``sql`` (None when there is no row)."""
+    row = db(tx).execute(sql, tuple(params)).fetchone()
+    return None if row is None else row[0]
+
+
+def run(tx: Tx, sql: str, params: Sequence[Any] = ()) -> int:
+    """Run one statement; the number of rows it changed."""
+    return int(db(tx).execute(sql, tuple(params)).rowcount)
+
+
+@contextmanager
+def savepoint(tx: Tx) -> Iterator[None]:
+    """A nested transaction inside the job: an exception leaving the block
+    undoes what the block wrote (and goes on), the rest of the job stays."""
+    with db(tx).atomic():
+        yield
+
+
+#: One encoder for every call (``json.dumps`` with options builds a new one each
+#: time); it keeps no state between calls, so threads may share it.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def dumps(value: object) -> str:
+    """The one JSON encoding of the JSON columns: compact, UTF-8, keys sorted."""
+    return _ENCODER.encode(value)

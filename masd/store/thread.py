@@ -1,0 +1,37 @@
+"""A case's thread: the append-only log of everything that happened on it (PROFILE §11)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from masd.core.errors import MasdError
+from masd.core.kinds import THREAD_KINDS
+from masd.store.sql import Tx, dumps, run, tuples
+
+
+def append_thread(
+    tx: Tx, case_key: str, kind: str, data: Mapping[str, object], *, at: float
+) -> int:
+    """Append one entry to a case's thread and return its per-case ``seq``.
+
+    ``seq`` comes from ``cases.thread_seq``, bumped in the same job, so seqs
+    are 1, 2, ... per case with no gaps and no reuse.
+    """
+    if kind not in THREAD_KINDS:
+        raise MasdError(
+            f"thread kind {kind!r} is not one of {sorted(THREAD_KINDS)}", code="bad-thread-kind"
+        )
+    bumped = tuples(
+        tx,
+        "UPDATE cases SET thread_seq = thread_seq + 1 WHERE key = ? RETURNING thread_seq",
+        (case_key,),
+    )
+    if not bumped:
+        raise MasdError(f"no case {case_key!r} to append a {kind} entry to", code="unknown-case")
+    seq = int(bumped[0][0])
+    run(
+        tx,
+        "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)",
+        (case_key, seq, kind, float(at), dumps(dict(data))),
+    )
+    return seq
