@@ -22,53 +22,9 @@ the clauses in :mod:`masd.conformance.clauses`.
 
 from __future__ import annotations
 
+from masd.conformance import steps
 from masd.conformance.clauses import CLAUSES, Clause
 from masd.conformance.load import load_flow, load_flows, parse_flow
-from masd.conformance.steps import (
-    BUILTINS,
-    PEERS,
-    POSTERS,
-    Answer,
-    Auth,
-    ExpectMailStep,
-    ExpectStep,
-    Flow,
-    FlowError,
-    MailStep,
-    NothingStep,
-    PostStep,
-    ReadStep,
-    RelayStep,
-    ReleaseStep,
-    RestartStep,
-    Step,
-    TickStep,
-    parse_duration,
-)
+from masd.conformance.steps import *  # noqa: F403  (the format's values, as steps.__all__ names them)
 
-__all__ = [
-    "BUILTINS",
-    "CLAUSES",
-    "PEERS",
-    "POSTERS",
-    "Answer",
-    "Auth",
-    "Clause",
-    "ExpectMailStep",
-    "ExpectStep",
-    "Flow",
-    "FlowError",
-    "MailStep",
-    "NothingStep",
-    "PostStep",
-    "ReadStep",
-    "RelayStep",
-    "ReleaseStep",
-    "RestartStep",
-    "Step",
-    "TickStep",
-    "load_flow",
-    "load_flows",
-    "parse_duration",
-    "parse_flow",
-]
+__all__ = ["CLAUSES", "Clause", "load_flow", "load_flows", "parse_flow", *steps.__all__]

@@ -20,6 +20,7 @@ from masd.conformance.steps import (
     BUILTINS,
     PEERS,
     POSTERS,
+    STEP_KINDS,
     Action,
     Answer,
     Auth,
@@ -417,8 +418,7 @@ def _step(value: Any, path: str, clock: str) -> Step:
     kinds = [k for k in o.data if k != "note"]
     if len(kinds) != 1:
         raise FlowError(
-            "a step has exactly one of mail, post, expect, release, expect_mail, "
-            f"expect_nothing, tick, restart, read, relay (got {sorted(kinds) or 'none'})",
+            f"a step has exactly one of {', '.join(STEP_KINDS)} (got {sorted(kinds) or 'none'})",
             path=path,
         )
     kind = kinds[0]

@@ -16,6 +16,7 @@ __all__ = [
     "BUILTINS",
     "PEERS",
     "POSTERS",
+    "STEP_KINDS",
     "Action",
     "Answer",
     "Auth",
@@ -55,6 +56,11 @@ class FlowError(MasdError):
 PEERS: Final = ("callback", "sms", "master", "other", "webhook")
 #: Who may ``post``: a peer, ``admin`` (the admin secret) or ``nobody`` (no secret).
 POSTERS: Final = (*PEERS, "admin", "nobody")
+#: The kinds of step: the key that names a step in a flow file.
+STEP_KINDS: Final = (
+    *("mail", "post", "expect", "release", "expect_mail"),
+    *("expect_nothing", "tick", "restart", "read", "relay"),
+)
 #: Variables every flow may use.
 BUILTINS: Final = frozenset(
     {"messages_url", "http_url", "domain", "fresh"}
