@@ -174,6 +174,18 @@ def list_cases(
     ]
 
 
+def pending_deliveries(db: Database) -> list[dict[str, Any]]:
+    """Outbox rows still to be delivered, oldest first: ``id``, ``kind`` (contract or
+    mail), ``peer``, ``case_key``, ``attempts``, ``last_error``.  Empty when masd has
+    nothing left to send."""
+    return _rows(
+        db,
+        "SELECT id, kind, peer, case_key, attempts, last_error FROM outbox "
+        "WHERE state = 'pending' ORDER BY id",
+        (),
+    )
+
+
 # --------------------------------------------------------------------------- text for operators
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
