@@ -19,7 +19,14 @@ from masd.readside import (
     thread_json,
 )
 
-__all__ = ["case_pages", "open_handoffs", "refused_sends", "settled", "unsettled"]
+__all__ = [
+    "case_pages",
+    "handoffs",
+    "open_handoffs",
+    "refused_sends",
+    "settled",
+    "unsettled",
+]
 
 #: More cases than the demo ever opens.
 _CASES = 1000

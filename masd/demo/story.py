@@ -50,6 +50,23 @@ class Scene:
     what: str = ""
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A participant's reply to the ``answers``-th mail masd sent them, to its case
+    address (with ``!mode`` if given); ``{address}`` in the narration is that address.
+    ``mails``: how many mails they have received once it has played out."""
+
+    heading: str
+    text: tuple[str, ...]
+    sender: str
+    name: str
+    body: str
+    answers: int
+    mode: str | None
+    mails: int
+    what: str
+
+
 async def play(rig: DemoRig, act: Scene) -> bool:
     """Deliver the scene's mail, then wait for the mails its sender gets back."""
     delivered = await scene(rig, act.heading, act.text, act.mail)
@@ -90,23 +107,6 @@ def case_address(mail: ReceivedMail, mode: str | None = None) -> str:
     """The case address a mail from masd came from, with ``!mode`` if given."""
     address = email.utils.parseaddr(str(mail.message["From"]))[1]
     return address.replace("@", f"!{mode}@", 1) if mode else address
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A participant's reply to the ``answers``-th mail masd sent them, to its case
-    address (with ``!mode`` if given); ``{address}`` in the narration is that address.
-    ``mails``: how many mails they have received once it has played out."""
-
-    heading: str
-    text: tuple[str, ...]
-    sender: str
-    name: str
-    body: str
-    answers: int
-    mode: str | None
-    mails: int
-    what: str
 
 
 async def respond(rig: DemoRig, act: Reply) -> bool:
