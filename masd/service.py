@@ -903,32 +903,43 @@ class OutboxItem:
 
 
 def due_outbox(
-    db: Database, now: float, limit: int = 64, exclude: Iterable[str] = ()
+    db: Database,
+    now: float,
+    limit: int = 64,
+    exclude: Iterable[str] = (),
+    skip_peers: Iterable[str] = (),
 ) -> list[OutboxItem]:
-    """The head of each queue whose time has come (PROFILE §7: in order per case and peer)."""
+    """The head of each queue whose time has come (PROFILE §7: in order per case and peer).
+
+    Not the heads in ``exclude`` (queues), nor those of ``skip_peers`` (peers taking nothing now).
+    """
     busy = list(exclude)
     rows = db.execute(
         "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
         "o.deliver_until FROM outbox o WHERE o.state = 'pending' AND o.next_attempt_at <= ? "
+        "AND IFNULL(o.peer, '') NOT IN (SELECT value FROM json_each(?)) "
         "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
         "ORDER BY o.next_attempt_at, o.id LIMIT ?",
-        (now, limit + len(busy)),
+        (now, json.dumps(sorted(skip_peers)), limit + len(busy)),
     ).fetchall()
     items = [OutboxItem(*r) for r in rows if r[2] not in busy]
     return items[:limit]
 
 
-def next_outbox_at(db: Database, busy: Iterable[str] = ()) -> float | None:
-    """When the next queue head not in ``busy`` falls due.
+def next_outbox_at(
+    db: Database, busy: Iterable[str] = (), skip_peers: Iterable[str] = ()
+) -> float | None:
+    """When the next queue head not in ``busy`` and not of ``skip_peers`` falls due.
 
     Not the earliest pending row: a row behind a head in backoff is not due.
     """
     skip = set(busy)
     rows = db.execute(
         "SELECT o.queue, o.next_attempt_at FROM outbox o WHERE o.state = 'pending' "
+        "AND IFNULL(o.peer, '') NOT IN (SELECT value FROM json_each(?)) "
         "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
         "ORDER BY o.next_attempt_at LIMIT ?",
-        (len(skip) + 1,),
+        (json.dumps(sorted(skip_peers)), len(skip) + 1),
     ).fetchall()
     times = [float(at) for queue, at in rows if queue not in skip]
     return times[0] if times else None
