@@ -900,49 +900,101 @@ class OutboxItem:
     payload: str
     attempts: int
     deliver_until: float
+    next_attempt_at: float = 0.0
 
 
-def due_outbox(
-    db: Database,
-    now: float,
-    limit: int = 64,
-    exclude: Iterable[str] = (),
-    skip_peers: Iterable[str] = (),
-) -> list[OutboxItem]:
-    """The head of each queue whose time has come (PROFILE §7: in order per case and peer).
+# The outbox sender finds due queue heads without reading every due row, so a
+# backlog for a peer that takes nothing now (hung, failing, full) is not read
+# again on each look: new rows by id, rows whose backoff ran out by time, the
+# next head of a queue whose send ended, more heads of one peer from an id on
+# (masd/edges/outbox_heads.py says when each is asked).  A head is the lowest
+# pending id of its queue (PROFILE §7: in order per case and peer).
 
-    Not the heads in ``exclude`` (queues), nor those of ``skip_peers`` (peers taking nothing now).
-    """
-    busy = list(exclude)
+
+def outbox_after(
+    db: Database, after_id: int, now: float, limit: int
+) -> tuple[list[OutboxItem], int, bool]:
+    """Due heads among the ``limit`` rows after ``after_id``; the last id looked at; whether
+    the page was full (more rows may follow)."""
     rows = db.execute(
         "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
-        "o.deliver_until FROM outbox o WHERE o.state = 'pending' AND o.next_attempt_at <= ? "
-        "AND IFNULL(o.peer, '') NOT IN (SELECT value FROM json_each(?)) "
-        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
-        "ORDER BY o.next_attempt_at, o.id LIMIT ?",
-        (now, json.dumps(sorted(skip_peers)), limit + len(busy)),
+        "o.deliver_until, o.next_attempt_at, (o.state = 'pending' AND o.next_attempt_at <= :now "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')) "
+        "FROM outbox o WHERE o.id > :after ORDER BY o.id LIMIT :limit",
+        {"now": now, "after": after_id, "limit": limit},
     ).fetchall()
-    items = [OutboxItem(*r) for r in rows if r[2] not in busy]
-    return items[:limit]
+    last = rows[-1][0] if rows else after_id
+    return [OutboxItem(*r[:-1]) for r in rows if r[-1]], last, len(rows) >= limit
 
 
-def next_outbox_at(
-    db: Database, busy: Iterable[str] = (), skip_peers: Iterable[str] = ()
-) -> float | None:
-    """When the next queue head not in ``busy`` and not of ``skip_peers`` falls due.
-
-    Not the earliest pending row: a row behind a head in backoff is not due.
-    """
-    skip = set(busy)
+def outbox_fell_due(
+    db: Database, since: tuple[float, int], now: float, limit: int
+) -> list[OutboxItem]:
+    """Heads due by ``now`` whose (next_attempt_at, id) comes after ``since``, in that order."""
     rows = db.execute(
-        "SELECT o.queue, o.next_attempt_at FROM outbox o WHERE o.state = 'pending' "
-        "AND IFNULL(o.peer, '') NOT IN (SELECT value FROM json_each(?)) "
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
+        "o.deliver_until, o.next_attempt_at FROM outbox o WHERE o.state = 'pending' "
+        "AND o.next_attempt_at >= :at AND NOT (o.next_attempt_at = :at AND o.id <= :id) "
+        "AND o.next_attempt_at <= :now "
         "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
-        "ORDER BY o.next_attempt_at LIMIT ?",
-        (json.dumps(sorted(skip_peers)), len(skip) + 1),
+        "ORDER BY o.next_attempt_at, o.id LIMIT :limit",
+        {"at": since[0], "id": since[1], "now": now, "limit": limit},
     ).fetchall()
-    times = [float(at) for queue, at in rows if queue not in skip]
-    return times[0] if times else None
+    return [OutboxItem(*r) for r in rows]
+
+
+def outbox_heads(db: Database, queues: Iterable[str], now: float) -> list[OutboxItem]:
+    """The due heads of ``queues``."""
+    rows = db.execute(
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
+        "o.deliver_until, o.next_attempt_at FROM outbox o INDEXED BY outbox_queue "
+        "WHERE o.state = 'pending' AND o.queue IN (SELECT value FROM json_each(:queues)) "
+        "AND o.next_attempt_at <= :now "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')",
+        {"queues": json.dumps(sorted(set(queues))), "now": now},
+    ).fetchall()
+    return [OutboxItem(*r) for r in rows]
+
+
+def outbox_peer_heads(
+    db: Database, peers: Iterable[str], from_id: int, now: float, busy: Iterable[str], limit: int
+) -> list[OutboxItem]:
+    """Up to ``limit`` due heads of ``peers`` from ``from_id`` on, by id, none of ``busy``."""
+    rows = db.execute(
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
+        "o.deliver_until, o.next_attempt_at FROM outbox o NOT INDEXED WHERE o.id >= :from_id "
+        "AND IFNULL(o.peer, '') IN (SELECT value FROM json_each(:peers)) "
+        "AND o.queue NOT IN (SELECT value FROM json_each(:busy)) "
+        "AND o.state = 'pending' AND o.next_attempt_at <= :now "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
+        "ORDER BY o.id LIMIT :limit",
+        {
+            "from_id": from_id,
+            "peers": json.dumps(sorted(set(peers))),
+            "busy": json.dumps(sorted(set(busy))),
+            "now": now,
+            "limit": limit,
+        },
+    ).fetchall()
+    return [OutboxItem(*r) for r in rows]
+
+
+def outbox_start_id(db: Database) -> int:
+    """The id after which the sender starts looking: just before the first pending row."""
+    row = db.execute(
+        "SELECT (SELECT MIN(id) FROM outbox WHERE state = 'pending'), (SELECT MAX(id) FROM outbox)"
+    ).fetchone()
+    first, last = row if row is not None else (None, None)
+    return int(first) - 1 if first is not None else int(last or 0)
+
+
+def next_outbox_at(db: Database, now: float) -> float | None:
+    """The earliest time after ``now`` at which a pending row falls due, if any."""
+    row = db.execute(
+        "SELECT MIN(next_attempt_at) FROM outbox WHERE state = 'pending' AND next_attempt_at > ?",
+        (now,),
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def outbox_done(db: Database, item_id: int, now: float) -> None:

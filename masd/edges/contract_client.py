@@ -20,6 +20,7 @@ at most ``per_peer`` connections to one peer (host and port).
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Final
 
 import aiohttp
@@ -79,9 +80,7 @@ class ContractClient:
         """Send one message; what became of it (never raises for the peer or the network)."""
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         try:
-            target = httpx.URL(url)
-            if target.scheme not in ("http", "https") or not target.host:
-                raise httpx.UnsupportedProtocol("not an http:// or https:// URL")
+            target = _target(url)
             async with asyncio.timeout(self._timeout):
                 async with self._http().stream("POST", target, content=body, headers=headers) as r:
                     status, head = r.status_code, await _head_of(r)
@@ -108,6 +107,15 @@ class ContractClient:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+@functools.lru_cache(maxsize=1024)
+def _target(url: str) -> httpx.URL:
+    """``url`` parsed once (a peer's URL is used for every message to it)."""
+    target = httpx.URL(url)
+    if target.scheme not in ("http", "https") or not target.host:
+        raise httpx.UnsupportedProtocol("not an http:// or https:// URL")
+    return target
 
 
 async def _head_of(response: httpx.Response) -> str:

@@ -19,8 +19,9 @@ Time here is the injected clock's (epoch seconds), passed in by the caller.
 
 from __future__ import annotations
 
+import functools
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import urlsplit
@@ -52,6 +53,7 @@ class Attempt:
     healthy: bool | None = True
 
 
+@functools.lru_cache(maxsize=4096)
 def origin(url: str) -> str | None:
     """``scheme://host:port`` of ``url`` (default port filled in), or None if it has none."""
     try:
@@ -144,9 +146,13 @@ class Lanes:
             return "reopened" if probe else "opened"
         return None
 
-    def blocked(self, now: float) -> Iterable[str]:
-        """Keys of the lanes that admit no send now."""
-        return [key for key, lane in self._lanes.items() if not lane.admits(now)]
+    def rooms(self, now: float) -> dict[str, int]:
+        """How many sends each lane admits now (a lane whose circuit waits for a probe: one)."""
+        out: dict[str, int] = {}
+        for key, lane in self._lanes.items():
+            if lane.admits(now):
+                out[key] = 1 if lane.open_until is not None else lane.limit - lane.in_flight
+        return out
 
     def next_open(self, now: float) -> float | None:
         """When the next open circuit lets a probe through (a time after ``now``), if any."""

@@ -30,16 +30,16 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final
-
-from sqlite_utils import Database
 
 from masd import service
 from masd.clock import Clock
+from masd.edges import outbox_heads
 from masd.edges.contract_client import HTTP_TIMEOUT, ContractClient
 from masd.edges.lanes import RELAY, Attempt, Lanes, origin
 from masd.edges.mailer import MailTransport, OutboundMail
+from masd.edges.outbox_heads import HeadFinder
 from masd.edges.smtp import SmtpTransport
 from masd.metrics import Metrics
 from masd.service import OutboxItem, Runtime
@@ -50,8 +50,6 @@ log = logging.getLogger("masd.outbox")
 #: Sends in flight to one peer (one URL origin) at most, and to the SMTP relay.
 PEER_IN_FLIGHT: Final = 32
 RELAY_IN_FLIGHT: Final = 16
-#: Queue heads read per look at the store.
-BATCH: Final = 256
 SMTP_TIMEOUT: Final = 30.0
 STOP_GRACE: Final = 10.0
 #: How long the loop rests after the store failed it, before looking again.
@@ -94,7 +92,7 @@ class Outbox:
         )
         self._http = http or ContractClient(timeout=http_timeout, per_peer=peer_in_flight)
         self._lanes = Lanes(lambda key: relay_in_flight if key == RELAY else peer_in_flight)
-        self._lane_peers: dict[str, set[str]] = {}  # lane -> peer ids seen in it
+        self._heads = HeadFinder()
         self._stop_grace = stop_grace
         self._wake = asyncio.Event()
         self._halt = asyncio.Event()  # set by stop(): ends the pauses of kept outcomes
@@ -136,45 +134,38 @@ class Outbox:
         while not self._stopping:
             self._wake.clear()  # before reading: a wake from now on is not lost
             now = self._clock.now()
-            look = functools.partial(
-                _look, now=now, busy=frozenset(self._in_flight), skip=self._skipped_peers(now)
-            )
+            ask = self._heads.ask(now, frozenset(self._in_flight), self._lanes.rooms(now))
             try:
-                items, next_at = await self._store.read(look)
+                found = await self._store.read(functools.partial(outbox_heads.look, ask=ask))
             except Exception as exc:  # noqa: BLE001 - the store failing must not end the loop
                 log.warning("outbox read failed error=%s", exc)
                 await _pause(self._wake, STORE_PAUSE)
                 continue
             if self._stopping:
                 break
-            turned_away = self._start_sends(items, now)
-            if turned_away or len(items) >= BATCH:
-                continue  # a lane filled up (now skipped), or more heads may be due
-            if next_at is not None and next_at <= now:
-                continue  # a head fell due between the two queries
-            wake_at = [t for t in (next_at, self._lanes.next_open(now)) if t is not None]
+            self._heads.update(ask, found)
+            self._start_sends(found.items, now)
+            if found.more:
+                continue  # a page of new rows or of rows falling due was full
+            if found.next_at is not None and found.next_at <= self._clock.now():
+                continue  # a row fell due meanwhile
+            wake_at = [t for t in (found.next_at, self._lanes.next_open(now)) if t is not None]
             await self._clock.wait(self._wake, min(wake_at, default=None))
 
-    def _skipped_peers(self, now: float) -> frozenset[str]:
-        """Peer ids of the lanes that take nothing now (full, or circuit open)."""
-        return frozenset(
-            peer for key in self._lanes.blocked(now) for peer in self._lane_peers.get(key, ())
-        )
-
-    def _start_sends(self, items: list[OutboxItem], now: float) -> bool:
-        """Start what the lanes admit; True if a lane turned a head away."""
-        turned_away = False
+    def _start_sends(self, items: list[OutboxItem], now: float) -> None:
+        """Start what the lanes admit; the others wait for room in their lane."""
         for item in items:
+            if item.queue in self._in_flight:
+                continue
             lane = self._lane_of(item)
-            self._lane_peers.setdefault(lane, set()).add(item.peer or "")
+            self._heads.seen(lane, item)
             probe = self._lanes.take(lane, now)
             if probe is None:
-                turned_away = True
+                self._heads.turned_away(lane, item)
                 continue
             self._in_flight[item.queue] = asyncio.create_task(
                 self._attempt(item, lane, probe), name=f"masd-outbox-{item.id}"
             )
-        return turned_away
 
     def _lane_of(self, item: OutboxItem) -> str:
         if item.kind == "mail":
@@ -195,6 +186,7 @@ class Outbox:
                 self._lanes.judge(lane, None, self._clock.now(), probe=probe)
             self._lanes.release(lane)
             self._in_flight.pop(item.queue, None)
+            self._heads.ended.add(item.queue)  # its next head, or this row again later
             self._wake.set()
 
     def _judge(self, lane: str, outcome: Attempt, probe: bool) -> None:
@@ -309,15 +301,6 @@ class Outbox:
             # Rows this job queued are this loop's to find (an attempt ending
             # wakes it); a deadline it wrote is the timer's.
             service.committed(self._on_commit, wakes)
-
-
-def _look(
-    db: Database, now: float, busy: Iterable[str], skip: Iterable[str]
-) -> tuple[list[OutboxItem], float | None]:
-    """Due queue heads (none of ``busy``, none of ``skip``'s peers) and when the next falls due."""
-    items = service.due_outbox(db, now, BATCH, exclude=busy, skip_peers=skip)
-    taken = {*busy, *(i.queue for i in items)}
-    return items, service.next_outbox_at(db, taken, skip_peers=skip)
 
 
 async def _pause(event: asyncio.Event, seconds: float) -> None:
