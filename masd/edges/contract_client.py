@@ -13,8 +13,11 @@ What an answer means (:meth:`ContractClient.post` never raises for it):
 (:data:`HTTP_TIMEOUT` for the whole exchange) or no connection: retry.
 
 No proxy or ``.netrc`` from the environment, no compressed answers asked
-for and none decoded (the body is read raw, at most a few hundred bytes),
-at most ``per_peer`` connections to one peer (host and port).
+for and none decoded (the body is read raw, at most a few hundred bytes).
+The pool itself sets no limit on connections: the outbox's lanes bound the
+sends in flight to each peer (aiohttp's per-host limit hands a freed
+connection to the task that freed it, so requests waiting for one can
+starve).
 """
 
 from __future__ import annotations
@@ -32,8 +35,6 @@ from masd.edges.lanes import Attempt
 
 #: Seconds for one whole exchange: connect, send, answer and the body's start.
 HTTP_TIMEOUT: Final = 10.0
-#: Connections kept to one peer (host and port) at most.
-PER_PEER_CONNECTIONS: Final = 32
 #: Characters of a refusal's body kept for the thread ("recorded ... with the detail").
 BODY_KEEP: Final = 300
 KEEPALIVE_SECONDS: Final = 30.0
@@ -47,11 +48,9 @@ class ContractClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = HTTP_TIMEOUT,
-        per_peer: int = PER_PEER_CONNECTIONS,
     ) -> None:
         self._transport = transport
         self._timeout = timeout
-        self._per_peer = per_peer
         self._client: httpx.AsyncClient | None = None
 
     def _http(self) -> httpx.AsyncClient:
@@ -69,9 +68,7 @@ class ContractClient:
     def _session(self) -> aiohttp.ClientSession:
         # Called by the transport at its first request, on the running loop.
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0, limit_per_host=self._per_peer, keepalive_timeout=KEEPALIVE_SECONDS
-            ),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
             trust_env=False,
             auto_decompress=False,
         )

@@ -90,7 +90,7 @@ class Outbox:
             keys={d: c.dkim for d, c in rt.config.domains.items() if c.dkim is not None},
             timeout=smtp_timeout,
         )
-        self._http = http or ContractClient(timeout=http_timeout, per_peer=peer_in_flight)
+        self._http = http or ContractClient(timeout=http_timeout)
         self._lanes = Lanes(lambda key: relay_in_flight if key == RELAY else peer_in_flight)
         self._heads = HeadFinder()
         self._stop_grace = stop_grace
