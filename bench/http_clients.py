@@ -80,6 +80,8 @@ async def main(kind: str, url: str, count: int, concurrency: int) -> dict[str, f
 
             async def post_masd(body: bytes) -> int:
                 attempt = await client.post(url, body, HEADERS["Authorization"].split()[1])
+                if attempt.result != "done":
+                    print(f"{attempt.result}: {attempt.detail}", file=sys.stderr)
                 return 200 if attempt.result == "done" else 599
 
             await _drive(post_masd, min(200, count), concurrency)  # warm the pool

@@ -660,7 +660,9 @@ def http_client(kind: str, url: str, count: int, concurrency: int) -> dict[str, 
         raise BenchError(f"http client {kind} failed: {out.stderr[-500:]}")
     row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     if row["failed"]:
-        raise BenchError(f"http client {kind}: {row['failed']} requests failed")
+        raise BenchError(
+            f"http client {kind}: {row['failed']} requests failed: {out.stderr[-500:]}"
+        )
     return row
 
 
@@ -961,7 +963,7 @@ def render(r: Report) -> str:
             f"### HTTP clients: {o.clients_count:,} JSON posts to a bare aiohttp sink",
             "",
             "`httpx-aiohttp`: masd's outbox client itself (httpx's `AsyncClient` over "
-            "httpx-aiohttp's transport: at most 32 connections to one peer, HTTP/1.1 keep-alive, "
+            "httpx-aiohttp's transport: HTTP/1.1 keep-alive, "
             "the answer's start read raw); `aiohttp`: raw, one `ClientSession`, pool 64; "
             "`httpx`: httpx on its own pool (httpcore), pool 64. CPU: the client process.",
             "",
