@@ -38,6 +38,11 @@ HTTP_TIMEOUT: Final = 10.0
 #: Characters of a refusal's body kept for the thread ("recorded ... with the detail").
 BODY_KEEP: Final = 300
 KEEPALIVE_SECONDS: Final = 30.0
+_HEADERS: Final = (
+    ("Content-Type", "application/json"),
+    ("Accept-Encoding", "identity"),  # nothing compressed asked for
+    ("User-Agent", f"masd/{__version__}"),
+)
 
 
 class ContractClient:
@@ -61,7 +66,6 @@ class ContractClient:
                 timeout=httpx.Timeout(self._timeout),
                 follow_redirects=False,
                 trust_env=False,  # no proxy between masd and its peers
-                headers={"Accept-Encoding": "identity", "User-Agent": f"masd/{__version__}"},
             )
         return self._client
 
@@ -75,12 +79,16 @@ class ContractClient:
 
     async def post(self, url: str, body: bytes, token: str) -> Attempt:
         """Send one message; what became of it (never raises for the peer or the network)."""
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        headers = [*_HEADERS, ("Authorization", f"Bearer {token}")]
         try:
-            target = _target(url)
+            # Built here, not by client.stream(): no client headers or cookies merged in.
+            request = httpx.Request("POST", _target(url), content=body, headers=headers)
             async with asyncio.timeout(self._timeout):
-                async with self._http().stream("POST", target, content=body, headers=headers) as r:
+                r = await self._http().send(request, stream=True)
+                try:
                     status, head = r.status_code, await _head_of(r)
+                finally:
+                    await r.aclose()
         except (TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout):
                 return Attempt("retry", f"connect failed: {exc}", healthy=False)
