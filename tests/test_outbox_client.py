@@ -153,6 +153,25 @@ def test_the_request_carries_the_bearer_secret_and_the_json() -> None:
     assert request.content == BODY
 
 
+def test_cookies_a_peer_sets_are_not_sent_back() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, headers={"Set-Cookie": "session=abc; Path=/"})
+
+    async def main() -> None:
+        client = ContractClient(transport=httpx.MockTransport(handler))
+        try:
+            for _ in range(2):
+                assert (await client.post(URL, BODY, TOKEN)).result == "done"
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+    assert [r.headers.get("cookie") for r in seen] == [None, None]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_long_refusal_keeps_only_its_start(stream: bool) -> None:
     body = b"x" * 100_000

@@ -12,8 +12,8 @@ What an answer means (:meth:`ContractClient.post` never raises for it):
 3xx is a refusal), the start of the body kept as the detail; 5xx, a timeout
 (:data:`HTTP_TIMEOUT` for the whole exchange) or no connection: retry.
 
-No proxy or ``.netrc`` from the environment, no compressed answers asked
-for and none decoded (the body is read raw, at most a few hundred bytes).
+No proxy or ``.netrc`` from the environment, no cookies kept, no compressed
+answers asked for and none decoded (the body is read raw, at most a few hundred bytes).
 The pool itself sets no limit on connections: the outbox's lanes bound the
 sends in flight to each peer (aiohttp's per-host limit hands a freed
 connection to the task that freed it, so requests waiting for one can
@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import Final
+import http.cookiejar
+from typing import Any, Final
 
 import aiohttp
 import httpx
@@ -66,6 +67,7 @@ class ContractClient:
                 timeout=httpx.Timeout(self._timeout),
                 follow_redirects=False,
                 trust_env=False,  # no proxy between masd and its peers
+                cookies=_NoCookies(),
             )
         return self._client
 
@@ -112,6 +114,13 @@ class ContractClient:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+class _NoCookies(http.cookiejar.CookieJar):
+    """A peer's cookies are never kept (nor sent back)."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
 
 
 @functools.lru_cache(maxsize=1024)
