@@ -121,7 +121,7 @@ SEND_REFUSALS = (
     "unknown-message",
 )
 
-STATES = ("none", "master-handoff", "slave-intake", "slave-case", "slave-transfer")
+STATES = ("none", "master-handoff", "slave-intake", "slave-case", "slave-transfer", "slave-blocked")
 PEERS = {"mode": ("callback", "chat"), "master": ("crm", "other"), "webhook": ("transfer",)}
 DEFAULT_PEER = {"mode": "callback", "master": "crm", "webhook": "transfer"}
 
@@ -592,7 +592,7 @@ master = {{ url = "{p["other"]}mas", token_file = "secrets/other.token" }}
                 "case_address": address,
                 "handoff_id": handoff,
             }
-        assert state in ("slave-intake", "slave-case", "slave-transfer"), state
+        assert state in ("slave-intake", "slave-case", "slave-transfer", "slave-blocked"), state
         rid = f"CRM-{n}"
         b |= {
             "resource_id": rid,
@@ -625,6 +625,16 @@ master = {{ url = "{p["other"]}mas", token_file = "secrets/other.token" }}
                 "SELECT handoff_id FROM handoffs WHERE case_key = ?", b["case_key"]
             )
             b["handoff_id"] = handoff
+        if state == "slave-blocked":
+            await self.mail(participant, f"case={rid}!callback@{DOMAIN}")
+            requested = await self.wait_for(
+                "crm",
+                "handoff.requested",
+                lambda m: (
+                    m.get("type") == "handoff.requested" and m["case"]["key"] == b["case_key"]
+                ),
+            )
+            b["handoff_id"] = requested["handoff_id"]
         return b
 
     async def play(self, doc: dict[str, Any]) -> tuple[httpx.Response, dict[str, str]]:

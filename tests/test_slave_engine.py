@@ -391,6 +391,25 @@ def test_cancel_of_a_terminal_handoff_is_409() -> None:
     assert "h1" in caught.value.detail
 
 
+def test_cancel_of_a_request_never_forwarded_is_ignored() -> None:
+    # Under block the request opened no handoff; its id was reported to the master.
+    effects = on_mail("case=CRM-1!callback@help.example", mail(), BLOCK)
+    (requested,) = [m for m in to_master(effects) if m["type"] == "handoff.requested"]
+    cancel = HandoffCancel("c1", CaseRef(ADDRESS, KEY), requested["handoff_id"], "solved")
+    reply = cancel_from_master(case(), None, cancel, ctx(), reported=True)
+    assert (reply.status, dict(reply.body)) == (200, {"ok": True, "ignored": "not-forwarded"})
+    assert list(reply.effects) == []  # no status to record, nobody to tell
+
+
+def test_cancel_of_an_id_the_case_never_had_is_404() -> None:
+    cancel = HandoffCancel("c1", CaseRef(ADDRESS, KEY), "h-unknown", "solved")
+    with pytest.raises(WireError) as caught:
+        cancel_from_master(case(), None, cancel, ctx(), reported=False)
+    assert (caught.value.status, caught.value.code) == (404, "unknown-handoff")
+    assert "handoff_id" in caught.value.detail
+    assert "h-unknown" in caught.value.detail
+
+
 def test_refused_request_fails_tells_the_master_and_mails_nobody() -> None:
     h = handoff("requested")
     effects = slave_request_failed(case(h), h, "HTTP 400: no", master=MASTER)

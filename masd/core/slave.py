@@ -165,6 +165,11 @@ def slave_request(
     if terms.policy.transfers == "block" or transfer is None:
         # CONTRACT §3.2.4: "With block, a !MODE request is reported as
         # handoff.requested with "forwarded": false, and nothing else happens."
+        # No handoff is opened: the request has no status, never counts as
+        # the case's open handoff, and the next request is decided under the
+        # policy of its own time.  Its handoff_id lives on in the thread's
+        # contract.out entry (with forwarded false), which is what a
+        # master's cancel naming it is matched against (cancel_from_master).
         return [_requested(case, handoff_id, mode, master, False)]
     details, request = handoff_request(case, handoff_id, mode, mail, transfer.fields, ctx)
     # No deadline: "Timeouts belong to the master" (CONTRACT §3.2.5).
@@ -287,12 +292,42 @@ def case_assigned(
     return effects
 
 
+#: The answer to a master's cancel of a request that opened no handoff.
+NOT_FORWARDED: Mapping[str, Any] = {"ok": True, "ignored": "not-forwarded"}
+
+
 def cancel_from_master(
-    case: CaseView, handoff: HandoffView, msg: HandoffCancel, ctx: Context
+    case: CaseView,
+    handoff: HandoffView | None,
+    msg: HandoffCancel,
+    ctx: Context,
+    *,
+    reported: bool = False,
 ) -> Reply:
-    """PROFILE §9: "handoff.cancel from the master on a non-terminal handoff:
-    record cancelled, forward handoff.cancel to the webhook (if the handoff was
-    forwarded), answer {"ok": true}. On a terminal handoff: 409"."""
+    """The master's ``handoff.cancel`` (CONTRACT §3.2.5, docs/protocol.md §13.5).
+
+    ``handoff``: the case's handoff the message names, None when the case
+    has no handoff by that id.  ``reported``: then, whether that id is one
+    masd gave a ``!MODE`` it reported to the master as handoff.requested
+    (its ``contract.out`` entry is on the case's thread).
+
+    On a handoff that is not terminal: record ``cancelled``, pass the cancel
+    on to the webhook the handoff was forwarded to, answer ``{"ok": true}``.
+    On a terminal one: ``409 invalid-transition``, nothing passed on.
+    """
+    if handoff is None:
+        if reported:
+            # A request reported with forwarded false under transfers
+            # "block" opened no handoff: there is nothing to end and nobody
+            # to tell.  The cancel stays on the thread (the caller's
+            # contract.in entry) and is answered as ignored, not refused:
+            # the master named an id masd gave it (docs/protocol.md §13.4).
+            return Reply(200, NOT_FORWARDED)
+        raise WireError(
+            f"handoff_id: no handoff {msg.handoff_id} on case {case.key}",
+            code="unknown-handoff",
+            status=404,
+        )
     if handoff.closed:
         raise WireError(
             f'handoff_id: {handoff.handoff_id} is already "{handoff.status}"; '

@@ -192,10 +192,11 @@ def _send_contract(ap: _Applying, s: SendContract) -> None:
     case = ap.case
     message = dict(s.message)
     ap.queue(outbox.NewRow("contract", f"{case.key}|{s.peer}", s.peer, case.key, s.url, message))
-    ap.thread(
-        "contract.out",
-        {"type": message["type"], "id": message["id"], "peer": s.peer, "handoff_id": s.handoff_id},
-    )
+    entry: dict[str, Any] = {"type": message["type"], "id": message["id"], "peer": s.peer}
+    entry["handoff_id"] = s.handoff_id
+    if "forwarded" in message:  # handoff.requested: was the request passed on
+        entry["forwarded"] = message["forwarded"]
+    ap.thread("contract.out", entry)
 
 
 def _abandon_request(ap: _Applying, e: AbandonRequest) -> None:

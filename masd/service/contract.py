@@ -51,7 +51,7 @@ from masd.peers import Principal
 from masd.service.apply import NOTHING, Applied, apply
 from masd.service.runtime import NO_WAKES, Job, Runtime, Wakes
 from masd.service.state import load_case, named_handoff, policy_of
-from masd.store import Tx, append_thread, cases, idempotency, messages, savepoint
+from masd.store import Tx, append_thread, cases, idempotency, messages, savepoint, thread
 
 log = logging.getLogger("masd")
 
@@ -165,8 +165,14 @@ def _master_case(job: Job, who: Principal, env: Envelope, key: str) -> CaseView:
     message goes on its thread."""
     case = _case_named(job, key)
     authorize_master(who, case)
-    append_thread(job.tx, case.key, "contract.in", {"type": env.type, "id": env.id}, at=job.now)
+    _received(job, case, env)
     return case
+
+
+def _received(job: Job, case: CaseView, env: Envelope, **more: Any) -> None:
+    """The ``contract.in`` entry of a message on ``case``'s thread."""
+    entry = {"type": env.type, "id": env.id, **more}
+    append_thread(job.tx, case.key, "contract.in", entry, at=job.now)
 
 
 def _case_policy(job: Job, who: Principal, env: Envelope, msg: CasePolicy) -> Handled:
@@ -197,9 +203,18 @@ def _mail_send(job: Job, who: Principal, env: Envelope, msg: MailSend) -> Handle
 
 
 def _handoff_cancel(job: Job, who: Principal, env: Envelope, msg: HandoffCancel) -> Handled:
-    case = _master_case(job, who, env, msg.case.key)
-    handoff = _handoff_named(job, case, msg.handoff_id)
-    reply = cancel_from_master(case, handoff, msg, job.context())
+    """CONTRACT §3.2.5: the master ends a handoff; docs/protocol.md §13.4 for a
+    request that was never forwarded (it has no handoff, only its report)."""
+    case = _case_named(job, msg.case.key)
+    authorize_master(who, case)
+    handoff = named_handoff(job.rt, job.tx, case, msg.handoff_id)
+    if handoff is not None and handoff.case_key != case.key:
+        handoff = None
+    reported = handoff is None and thread.reported_request(job.tx, case.key, msg.handoff_id)
+    reply = cancel_from_master(case, handoff, msg, job.context(), reported=reported)
+    # The entry names the handoff, and says when the cancel ended nothing.
+    ignored = {"ignored": reply.body["ignored"]} if "ignored" in reply.body else {}
+    _received(job, case, env, handoff_id=msg.handoff_id, reason=msg.reason, **ignored)
     return reply, apply(job, case, reply.effects, quiet=True)
 
 

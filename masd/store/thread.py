@@ -35,3 +35,20 @@ def append_thread(
         (case_key, seq, kind, float(at), dumps(dict(data))),
     )
     return seq
+
+
+def reported_request(tx: Tx, case_key: str, handoff_id: str) -> bool:
+    """Whether the case's thread has a ``handoff.requested`` for ``handoff_id``
+    queued to the master (a ``!MODE`` reported on a slave case).
+
+    Read through the case's own entries (the thread's key starts with
+    ``case_key``), so the cost is that of one case's thread.
+    """
+    found = tuples(
+        tx,
+        "SELECT 1 FROM thread WHERE case_key = ? AND kind = 'contract.out' "
+        "AND json_extract(data, '$.type') = 'handoff.requested' "
+        "AND json_extract(data, '$.handoff_id') = ? LIMIT 1",
+        (case_key, handoff_id),
+    )
+    return bool(found)
