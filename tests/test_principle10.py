@@ -89,8 +89,31 @@ def test_a_masters_mail_carries_no_auto_submitted() -> None:
 
 def test_reply_subject() -> None:
     assert reply_subject("Help") == "Re: Help"
-    assert reply_subject("RE: Help") == "RE: Help"
     assert reply_subject(None) == "Re: your message"
+    assert reply_subject("") == "Re: your message"
+
+
+@pytest.mark.parametrize(
+    ("replied_to", "subject"),
+    [
+        ("Re: Help", "Re: Help"),
+        ("RE: Help", "Re: Help"),
+        ("re: Help", "Re: Help"),
+        ("Re:Help", "Re: Help"),
+        ("Re: Re: Help", "Re: Help"),
+        ("RE: re:  Re : Help", "Re: Help"),
+        ("  Re:\tHelp", "Re: Help"),
+        ("Re:", "Re: your message"),
+        # Only the leading run: a forward stays, with whatever follows it.
+        ("Fwd: Help", "Re: Fwd: Help"),
+        ("Re: Fwd: Re: Help", "Re: Fwd: Re: Help"),
+        # Words that merely begin with "re" are the subject's own.
+        ("Reply needed", "Re: Reply needed"),
+        ("Re-opened: Help", "Re: Re-opened: Help"),
+    ],
+)
+def test_reply_subject_has_exactly_one_re(replied_to: str, subject: str) -> None:
+    assert reply_subject(replied_to) == subject
 
 
 def _parsed(**fields: object) -> email.message.EmailMessage:

@@ -45,11 +45,16 @@ def clean_header(value: str, limit: int = 998) -> str:
     return _CONTROL.sub(" ", value).strip()[:limit]
 
 
+#: The reply prefixes at the start of a subject, however many, in any case
+#: (``Re:``, ``RE:``, ``re :``).  ``Fwd:`` and the like are the subject's own.
+_REPLY_PREFIXES: Final = re.compile(r"^(?:re\s*:\s*)+", re.IGNORECASE)
+
+
 def reply_subject(subject: str | None) -> str:
-    subject = clean_header(subject or "")
-    if not subject:
-        return "Re: your message"
-    return subject if subject[:3].lower() == "re:" else f"Re: {subject}"
+    """The subject of a reply to a mail with ``subject``: it with exactly one
+    ``Re: `` in front, never ``Re: Re:`` (docs/protocol.md §8.4)."""
+    subject = _REPLY_PREFIXES.sub("", clean_header(subject or ""))
+    return f"Re: {subject or 'your message'}"
 
 
 def message_id(token: str, domain: str) -> str:
