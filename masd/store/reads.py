@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from masd.store.sql import Tx, one, rows, tuples
+from masd.store.sql import Tx, one, rows
 
 
 def case(tx: Tx, key: str) -> dict[str, Any] | None:
@@ -16,30 +16,6 @@ def handoffs(tx: Tx, key: str) -> list[dict[str, Any]]:
     """Every column of each handoff of case ``key``, in the order requested."""
     return rows(
         tx, "SELECT * FROM handoffs WHERE case_key = ? ORDER BY requested_at, rowid", (key,)
-    )
-
-
-def thread(tx: Tx, key: str, after: int, limit: int) -> list[tuple[int, str, float, str]]:
-    """(seq, kind, at, data) of the entries of case ``key`` with ``seq > after``."""
-    found = tuples(
-        tx,
-        "SELECT seq, kind, at, data FROM thread WHERE case_key = ? AND seq > ? "
-        "ORDER BY seq LIMIT ?",
-        (key, after, limit),
-    )
-    return [(int(s), str(k), float(a), str(d)) for s, k, a, d in found]
-
-
-def latest_cases(tx: Tx, limit: int, domain: str | None) -> list[dict[str, Any]]:
-    """The newest cases first (of ``domain`` if given), each with its latest handoff."""
-    return rows(
-        tx,
-        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "
-        "c.thread_seq, h.handoff_id, h.mode, h.status FROM cases c "
-        "LEFT JOIN handoffs h ON h.rowid = (SELECT rowid FROM handoffs WHERE case_key = c.key "
-        "ORDER BY requested_at DESC, rowid DESC LIMIT 1) "
-        "WHERE ?1 IS NULL OR c.domain = ?1 ORDER BY c.created_at DESC, c.rowid DESC LIMIT ?2",
-        (domain, limit),
     )
 
 
