@@ -196,9 +196,11 @@ class MasdProcess:
     peers in the same event loop keep answering while masd starts or stops.
     """
 
-    def __init__(self, config: Path, log_path: Path) -> None:
+    def __init__(self, config: Path, log_path: Path, *, args: Sequence[str] = ()) -> None:
+        """``args``: more options of ``masd serve`` (``--test-clock``)."""
         self.config = config
         self.log_path = log_path
+        self.args = tuple(args)
         self.proc: subprocess.Popen[bytes] | None = None
         self._sock_dir: str | None = None
         self._sock: socket.socket | None = None
@@ -221,7 +223,7 @@ class MasdProcess:
             log.write(f"==== start {self.starts}: masd serve --config {self.config}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "masd", "serve", "--config", str(self.config)],
+                [sys.executable, "-m", "masd", "serve", "--config", str(self.config), *self.args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
