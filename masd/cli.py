@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from masd import __version__
-from masd.config import Config, ConfigErrors, format_summary, load_config
+from masd.cli_common import CONFIG as _CONFIG
+from masd.cli_common import load as _load
+from masd.cli_watch import case, explain, queue, tail
+from masd.config import format_summary
 from masd.core.errors import MasdError
-
-if TYPE_CHECKING:
-    from masd.store import Store
 
 
 @click.group()
@@ -34,31 +32,6 @@ def check_config(file: Path) -> None:
     """
     config = _load(file)
     click.echo(format_summary(config))
-
-
-def _load(file: Path) -> Config:
-    """The config, or every error on stderr and exit status 1."""
-    try:
-        config = load_config(file)
-    except ConfigErrors as exc:
-        for error in exc.errors:
-            click.echo(str(error), err=True)
-        count = len(exc.errors)
-        click.echo(f"masd: {count} error{'s' if count != 1 else ''} in {file}", err=True)
-        raise SystemExit(1) from None
-    for warning in config.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    return config
-
-
-_CONFIG = click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("/etc/masd/masd.toml"),
-    show_default=True,
-    help="The masd TOML file.",
-)
 
 
 @main.command()
@@ -189,115 +162,6 @@ def db_backup(config_file: Path, dest: Path) -> None:
 
 
 @main.group()
-def case() -> None:
-    """Read cases and their threads (docs/protocol.md §16)."""
-
-
-def _read_store(config: Config) -> Store:
-    """The store, opened to read: never migrated here (``masd db migrate`` does that)."""
-    from masd.store import Store, StoreError
-
-    try:
-        return Store.open(config.server.database, migrate=False)
-    except StoreError as exc:
-        click.echo(f"masd: {exc}", err=True)
-        raise SystemExit(1) from None
-
-
-@case.command("show")
-@_CONFIG
-@click.argument("case_name", metavar="CASE")
-@click.option("--json", "as_json", is_flag=True, help="The case and its thread as JSON.")
-def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
-    """Print CASE and its thread as a timeline, with each send's delivery state.
-
-    CASE is the case's address or key in any spelling (ticket=GS-1@help.example),
-    or its id alone (gs-1) when one case has it.
-    """
-    from masd.core.address import parse_address
-    from masd.core.errors import AddressError
-    from masd.readside import case_json, format_case, keys_named, thread_json
-
-    config = _load(config_file)
-    if "@" in case_name:
-        try:
-            parse_address(case_name, delimiter="")
-        except AddressError as exc:
-            click.echo(f"masd: {case_name}: {exc.detail}", err=True)
-            raise SystemExit(1) from None
-    with _read_store(config) as store:
-        keys = store.read_sync(lambda db: keys_named(db, case_name))
-        if len(keys) != 1:
-            click.echo(f"masd: {_no_one_case(case_name, keys)}", err=True)
-            raise SystemExit(1)
-        key = keys[0]
-        found = store.read_sync(lambda db: case_json(db, key))
-        thread = store.read_sync(lambda db: thread_json(db, key, 0, 10**9))
-    assert found is not None
-    if as_json:
-        click.echo(json.dumps({**found, "thread": thread}, indent=2, ensure_ascii=False))
-        return
-    click.echo(format_case(found, thread), nl=False)
-
-
-def _no_one_case(name: str, keys: list[str]) -> str:
-    if not keys:
-        return f"no case {name}"
-    listed = ", ".join(keys[:10]) + (", ..." if len(keys) > 10 else "")
-    return f"{name} is ambiguous: {len(keys)} cases have that id ({listed}); give the address"
-
-
-_STATE = click.option(
-    "--state",
-    type=click.Choice(["open", "closed"]),
-    default=None,
-    help="open: a handoff is not closed yet (a mode is at work); closed: none is.",
-)
-
-
-@case.command("list")
-@_CONFIG
-@click.option(
-    "--limit", type=click.IntRange(1, None), default=50, show_default=True, help="How many cases."
-)
-@_STATE
-@click.option("--participant", default=None, help="Only cases of this address.")
-@click.option("--domain", default=None, help="Only cases of this domain.")
-@click.option("--after", default=None, metavar="CURSOR", help="The page after this cursor.")
-@click.option("--json", "as_json", is_flag=True, help="The page as JSON (as GET /mas/v0.1/cases).")
-def case_list(
-    config_file: Path,
-    limit: int,
-    state: str | None,
-    participant: str | None,
-    domain: str | None,
-    after: str | None,
-    as_json: bool,
-) -> None:
-    """List cases, most recently active first, under a header row.
-
-    The same filters as GET /mas/v0.1/cases (docs/protocol.md §16.4). When
-    more cases follow, the last line gives the --after of the next page.
-    """
-    from masd.readside import CaseFilter, cases_json, format_cases, parse_case_cursor
-
-    config = _load(config_file)
-    pos = None if after is None else parse_case_cursor(after)
-    if after is not None and pos is None:
-        click.echo(f"masd: --after: {after!r} is not a cursor of the case list", err=True)
-        raise SystemExit(2)
-    where = CaseFilter(state, participant, domain)
-    with _read_store(config) as store:
-        doc = store.read_sync(lambda db: cases_json(db, pos, limit, where))
-    if as_json:
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
-        return
-    click.echo(format_cases(doc), nl=False)
-    if doc["next"] is not None:
-        click.echo(f"(more: --after {doc['next']})")
-
-
-@main.group()
 def conformance() -> None:
     """The conformance suite (CONTRACT §7): play a role's flows against an implementation."""
 
@@ -373,3 +237,8 @@ def conformance_coverage(flows_dir: Path | None) -> None:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(2) from None
     click.echo(table(flows), nl=False)
+
+
+# The operator's view (docs/operations.md, "Watching masd").
+for _command in (case, tail, queue, explain):
+    main.add_command(_command)

@@ -378,6 +378,15 @@ def format_entry(entry: Mapping[str, Any]) -> str:
     return f"{entry.get('at')}  {_clean(entry.get('kind')):<15} {'  '.join(parts)}".rstrip()
 
 
+def format_event(event: Mapping[str, Any]) -> str:
+    """``masd tail``: ``2026-11-29T19:50:01Z  ticket=gs-1@help.example  mail.in  from ...``"""
+    entry = event.get("entry") or {}
+    line = format_entry(entry)
+    at = str(entry.get("at"))
+    key = _clean((event.get("case") or {}).get("key"), 100)
+    return f"{at}  {key}  {line[len(at) + 2 :]}" if line.startswith(at) else f"{key}  {line}"
+
+
 #: The columns of ``masd case list``: header and how each row fills it.
 _CASE_COLUMNS: Final = ("KEY", "ROLE", "PARTICIPANT", "OPENED", "LAST ACTIVITY", "OPEN HANDOFF")
 
