@@ -14,6 +14,7 @@ send caps count from zero); a slave case has its type's default policy.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,7 +277,11 @@ def _line(w: Mapping[str, Any]) -> str:
     if do == "open-case":
         return f"open case {w['address']} (participant {w['participant'] or '(none)'})"
     if do == "thread":
-        extra = " ".join(f"{k}={v}" for k, v in w.items() if k not in ("do", "kind"))
+        extra = " ".join(
+            f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+            for k, v in w.items()
+            if k not in ("do", "kind")
+        )
         return f"record {w['kind']} {extra}".rstrip()
     if do == "open-handoff":
         if w["peer"] == "email":
