@@ -66,11 +66,13 @@ def test_the_feed_pages_in_commit_order_and_long_polls(tmp_path: Path) -> None:
                 after = paged[-1]["cursor"]
             assert [e["cursor"] for e in paged] == [e["cursor"] for e in events]
 
-            # One case only.
+            # One case only, by its address in any spelling or by its id.
             two = await run.get(EVENTS, case="TICKET=Ticket-2@Help.Example")
             assert _fixed([e["entry"] for e in two["events"]]) == _fixed(
                 await _thread(run, "ticket=ticket-2@help.example")
             )
+            by_id = await run.get(EVENTS, case="ticket-2")
+            assert [e["cursor"] for e in by_id["events"]] == [e["cursor"] for e in two["events"]]
 
             # A long poll is held until an event commits, then answered with it.
             last = events[-1]["cursor"]

@@ -132,14 +132,16 @@ class ReadRoutes:
         return await self._stream(request, first, case_key)
 
     async def _case_key(self, text: str | None) -> str | web.Response | None:
+        """The key of the case ``case=`` names (address, key or an id only one case has)."""
         if text is None:
             return None
-        key = readside.normalize_key(text)
         try:
-            known = await self.edge.store.read(lambda tx: readside.keys_named(tx, key))
+            keys = await self.edge.store.read(lambda tx: readside.keys_named(tx, text))
         except StoreError as exc:
             return _unavailable(exc)
-        return key if known else refusal("unknown-case", f"case: no case {text}")
+        if len(keys) > 1:
+            return _bad("case", f"{_show(text)} is the id of {len(keys)} cases; give the address")
+        return keys[0] if keys else refusal("unknown-case", f"case: no case {text}")
 
     async def _stream(
         self, request: web.Request, first: feed.Page, case_key: str | None
