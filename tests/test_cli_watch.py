@@ -13,6 +13,11 @@ from typing import Any
 from support.masd_process import ROOT, WAIT, mx_mail, write_master_config
 from support.watch import ANN, BOB, Watched, watched
 
+from masd.config import load_config
+from masd.explain import default_recipient, explain
+
+NOW = 1_790_000_000.0
+
 #: A second master type whose ids look like the first's: an id alone is then ambiguous.
 ORDERS = """
 [domains."help.example".types.order]
@@ -152,9 +157,12 @@ def _explain(run_dir: Path, config: Path, raw: bytes, *args: str) -> tuple[int, 
 
 
 def _json_of(run_dir: Path, config: Path, raw: bytes, *args: str) -> dict[str, Any]:
-    code, out, err = _explain(run_dir, config, raw, "--json", *args)
-    assert code == 0, err
-    doc: dict[str, Any] = json.loads(out)
+    """``masd explain --json`` in this process: the same function on the same input."""
+    del run_dir
+    loaded = load_config(config)
+    rcpt = args[args.index("--rcpt") + 1] if "--rcpt" in args else default_recipient(raw, loaded)
+    assert rcpt is not None
+    doc: dict[str, Any] = json.loads(json.dumps(explain(loaded, raw, rcpt, now=NOW).json()))
     return doc
 
 
@@ -185,6 +193,11 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
 
     _, handoff = mx_mail(BOB, "ticket!callback@help.example", body="Phone: +1 555 0100\n")
     doc = _json_of(tmp_path, config, handoff)
+    code, out, err = _explain(tmp_path, config, handoff, "--json")
+    assert code == 0, err
+    from_cli = json.loads(out)
+    assert from_cli["would"][2].pop("deadline_at") > doc["would"][2].pop("deadline_at")
+    assert from_cli == doc
     done = [w["do"] for w in doc["would"]]
     assert done == [
         "open-case", "thread", "open-handoff", "status", "send-contract", "send-mail"
@@ -234,9 +247,34 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
         ("invoice@help.example", "550 5.1.1 type: no type 'invoice' at help.example"),
         ("ticket=a/b@help.example", "550 5.1.1"),
     ):
-        code, out, err = _explain(tmp_path, config, intake, "--rcpt", rcpt)
-        assert code == 0, err
-        assert f"  LMTP       {line}" in out, out
+        refused = _json_of(tmp_path, config, intake, "--rcpt", rcpt)
+        assert refused["lmtp"].startswith(line), refused
+        assert refused["would"] == []
+
+    # The slave role: an intake goes to the master as case.intake; nothing else happens.
+    crm = tmp_path / "secrets" / "crm.token"
+    crm.write_text("crm-secret-0123456789\n")
+    crm.chmod(0o600)
+    config.write_text(
+        config.read_text()
+        + '\n[domains."help.example".types.case]\nrole = "slave"\n'
+        + 'master = { url = "http://127.0.0.1:9/crm", token_file = "secrets/crm.token" }\n'
+    )
+    doc = _json_of(tmp_path, config, intake, "--rcpt", "case@help.example")
+    assert doc["recipient"]["role"] == "slave"
+    assert doc["would"] == [
+        {
+            "do": "send-contract",
+            "type": "case.intake",
+            "to": "master:help.example/case",
+            "url": "http://127.0.0.1:9/crm",
+            "requested_mode": None,
+        }
+    ]
+    doc = _json_of(tmp_path, config, intake, "--rcpt", "case=CRM-7@help.example")
+    assert [w["do"] for w in doc["would"]] == ["thread", "send-contract"]
+    assert doc["would"][1]["type"] == "case.message"
+    assert "the case has its type's default policy" in doc["assumed"]
 
     nowhere = b"From: ann@example.org\r\nTo: someone@example.net\r\n\r\nhi\r\n"
     code, out, err = _explain(tmp_path, config, nowhere)

@@ -190,7 +190,7 @@ def test_sse_resumes_across_kill_9_without_skipping_or_repeating(tmp_path: Path)
             skipped = len({e["cursor"] for e in feed} - set(cursors))
             print(
                 f"\nSSE across 2 kill -9: {len(feed)} events, {len(seen)} seen, "
-                f"{skipped} skipped, {repeated} repeated, {reconnects} reconnects"
+                f"{skipped} skipped, {repeated} repeated, {reconnects} connections tried again"
             )
             assert (skipped, repeated) == (0, 0)
             assert cursors[: len(feed)] == [e["cursor"] for e in feed]
