@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   run masd's demo on loopback with its embedded defaults
-#   make test   run the whole test suite (ruff, mypy, pytest)
+#               (installs masd and its runtime dependencies only)
+#   make test   run the whole test suite (ruff, mypy, pytest; installs the test tools too)
 # Both create the virtualenv .venv on first use.
 
 PYTHON ?= python3
@@ -9,11 +10,25 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test lint typecheck pytest bench clean package example-secrets
 
-$(BIN)/.installed: pyproject.toml | example-secrets
+$(BIN)/python:
+	@echo "make: creating the virtualenv $(VENV) (first use only)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "make: upgrading pip in $(VENV)"
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+
+# masd and what it needs to run: all that `make demo` installs.
+$(BIN)/.runtime: pyproject.toml | example-secrets $(BIN)/python
+	@echo "make: installing masd and its runtime dependencies into $(VENV)" \
+		"(half a minute on first use)"
+	$(BIN)/python -m pip install --quiet -e .
 	touch $@
+
+# ... and the test tools (pytest, hypothesis, jsonschema, ruff, mypy) for `make test`.
+$(BIN)/.installed: pyproject.toml | example-secrets $(BIN)/python
+	@echo "make: installing masd, its runtime dependencies and the test tools into $(VENV)" \
+		"(about a minute on first use)"
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(BIN)/.runtime $@
 
 # git keeps no file modes: the example's placeholder secrets get the 0600 masd asks of
 # every secret, so `masd check-config packaging/masd.toml.example` has nothing to warn
@@ -21,7 +36,7 @@ $(BIN)/.installed: pyproject.toml | example-secrets
 example-secrets:
 	@chmod 600 packaging/secrets-example/*.token
 
-demo: $(BIN)/.installed
+demo: $(BIN)/.runtime
 	$(BIN)/masd demo
 
 test: lint typecheck pytest

@@ -2,10 +2,12 @@
 
     python -m bench.http_clients KIND URL COUNT CONCURRENCY
 
-KIND is ``httpx`` (masd's outbox client and settings: pool of 64, HTTP/1.1
-keep-alive, the response read through ``stream``), ``httpx-pool16`` (the
-same with a pool of 16) or ``aiohttp`` (one ``ClientSession``, pool of 64).
-Prints one JSON line: requests/s, client CPU per request, p50/p99.
+KIND is ``httpx-aiohttp`` (masd's outbox client itself,
+``masd.edges.contract_client.ContractClient``: httpx's ``AsyncClient`` over
+httpx-aiohttp's transport, with its settings), ``aiohttp`` (raw: one
+``ClientSession``, pool of 64) or ``httpx`` (httpx on its own pool of 64,
+httpcore, for comparison).  Prints one JSON line: requests/s, client CPU
+per request, p50/p99.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import aiohttp
 import httpx
 
 from bench.common import percentile
+from masd.edges.contract_client import ContractClient
 
 BODY = {
     "mas_modes_version": "0.1",
@@ -71,8 +74,22 @@ async def _drive(post: Post, count: int, concurrency: int) -> dict[str, float]:
 
 
 async def main(kind: str, url: str, count: int, concurrency: int) -> dict[str, float]:
-    if kind.startswith("httpx"):
-        pool = 16 if kind == "httpx-pool16" else 64
+    if kind == "httpx-aiohttp":
+        client = ContractClient()
+        try:
+
+            async def post_masd(body: bytes) -> int:
+                attempt = await client.post(url, body, HEADERS["Authorization"].split()[1])
+                if attempt.result != "done":
+                    print(f"{attempt.result}: {attempt.detail}", file=sys.stderr)
+                return 200 if attempt.result == "done" else 599
+
+            await _drive(post_masd, min(200, count), concurrency)  # warm the pool
+            return await _drive(post_masd, count, concurrency)
+        finally:
+            await client.close()
+    if kind == "httpx":
+        pool = 64
         async with httpx.AsyncClient(
             timeout=httpx.Timeout(10.0),
             limits=httpx.Limits(

@@ -88,7 +88,7 @@ class Wakeup:
     def committed(self, wakes: Wakes) -> None:
         self.feed.poke()
         if wakes.outbox and self.outbox is not None:
-            self.outbox.wake()
+            self.outbox.wake(wakes.queues)
         if wakes.deadline is not None and self.timer is not None:
             self.timer.wake_for(wakes.deadline)
 

@@ -119,7 +119,19 @@ def doctor(config_file: Path, messages: int) -> None:
 
 @main.command()
 def demo() -> None:
-    """Run a demo on loopback: masd, a demo mode endpoint and a mail sink; print each thread."""
+    """Run masd on loopback as master, then as slave; print each case's thread.
+
+    \b
+    Master part: type 'ticket' in the master role with a demo mode endpoint
+      (a callback service): a new case, a callback, a callback that needs
+      negotiation, a mode with no endpoint, automated mail left unanswered.
+    Slave part: type 'case' in the slave role under a demo CRM (the master)
+      that names the cases, answers mail and turns one case's transfers to
+      the callback service, whose statuses masd relays back to it.
+
+    Nothing leaves 127.0.0.1: outbound mail goes to an SMTP sink.  Exit
+    status 0 when every flow settled.
+    """
     from masd.demo import main as run_demo
 
     raise SystemExit(run_demo())

@@ -317,8 +317,8 @@ def _change_in_store(config: Config, what: str, item_id: int | None) -> Answer:
     with _read_store(config) as store:
         try:
             if item_id is None:
-                ids = store.write_sync(lambda tx: q.retry_waiting(tx, now))
-                return Answer(200, {"ok": True, "retried": ids})
+                retried = store.write_sync(lambda tx: q.retry_waiting(tx, now))
+                return Answer(200, {"ok": True, "retried": retried.ids})
             job = q.retry if what == "retry" else q.drop
             done = store.write_sync(lambda tx: job(rt, tx, item_id, now))
         except q.QueueError as exc:

@@ -39,8 +39,11 @@ DROPPED: Final = "dropped by the operator"
 #: ``limit`` of a queue listing: default and largest over HTTP.
 DEFAULT_ITEMS: Final = 100
 MAX_ITEMS: Final = 1000
-#: What a woken outbox has to do after a retry or a drop.
-WAKE_OUTBOX: Final = Wakes(outbox=True)
+
+
+def wake_queues(*queues: str) -> Wakes:
+    """The outbox looks at these queues' heads again (their head is due now, or gone)."""
+    return Wakes(outbox=True, queues=frozenset(queues))
 
 
 class QueueError(MasdError):
@@ -140,12 +143,21 @@ def retry(rt: Runtime, tx: Tx, item_id: int, now: float) -> Done:
     rows.retry_now(tx, item_id, now, now + rt.config.server.retry_for)
     after = rows.row(tx, item_id)
     assert after is not None
-    return Done(item_json(after), WAKE_OUTBOX)
+    return Done(item_json(after), wake_queues(r.queue))
 
 
-def retry_waiting(tx: Tx, now: float) -> list[int]:
-    """Every waiting item is due now; the ids of those that were waiting for a later try."""
-    return rows.retry_all(tx, now)
+@dataclass(frozen=True)
+class Retried:
+    """What retrying every waiting item did: their ids, and what it woke."""
+
+    ids: list[int]
+    wakes: Wakes
+
+
+def retry_waiting(tx: Tx, now: float) -> Retried:
+    """Every waiting item is due now: those that were waiting for a later try."""
+    found = rows.retry_all(tx, now)
+    return Retried([i for i, _ in found], wake_queues(*(q for _, q in found)))
 
 
 def drop(rt: Runtime, tx: Tx, item_id: int, now: float) -> Done:
@@ -162,7 +174,7 @@ def drop(rt: Runtime, tx: Tx, item_id: int, now: float) -> Done:
     rows.withdraw(tx, item_id, DROPPED, now, attempts=r.attempts)
     after = rows.row(tx, item_id)
     assert after is not None
-    return Done(item_json(after), wakes | WAKE_OUTBOX)
+    return Done(item_json(after), wakes | wake_queues(r.queue))
 
 
 def _failed_entry(r: QueueRow) -> dict[str, Any]:

@@ -260,6 +260,33 @@ def cases_json(
     }
 
 
+def list_cases(
+    tx: Tx, limit: int = DEFAULT_LIMIT, domain: str | None = None
+) -> list[dict[str, Any]]:
+    """The cases most recently opened first, each with its latest handoff (or None).
+
+    (The case list of the API and ``masd case list`` is :func:`cases_json`,
+    by latest activity.)
+    """
+    rows = reads.latest_cases(tx, max(1, limit), domain.lower() if domain else None)
+    return [
+        {
+            "key": r["key"],
+            "address": r["address"],
+            "domain": r["domain"],
+            "type": r["type"],
+            "role": r["role"],
+            "participant": r["participant"],
+            "created_at": rfc3339(r["created_at"]),
+            "entries": r["thread_seq"],
+            "handoff": None
+            if r["handoff_id"] is None
+            else {"handoff_id": r["handoff_id"], "mode": r["mode"], "status": r["status"]},
+        }
+        for r in rows
+    ]
+
+
 def open_work(tx: Tx) -> dict[str, list[dict[str, Any]]]:
     """What masd has not finished yet, across every case.
 

@@ -25,7 +25,8 @@ import pytest
 from masd.conformance import coverage
 from masd.conformance.flow import CLAUSES, FlowError, load_flow, load_flows, parse_flow
 from masd.conformance.match import MatchError, get_path, match, substitute
-from masd.conformance.runner import apply_patch, command, standard_config, to_toml
+from masd.conformance.runner import HANDLERS, apply_patch, command, standard_config, to_toml
+from masd.conformance.steps import STEP_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOWS = ROOT / "conformance" / "flows"
@@ -310,6 +311,12 @@ def test_get_path() -> None:
 
 
 # --------------------------------------------------------------------------- configuration
+
+
+def test_every_kind_of_step_has_a_handler() -> None:
+    assert sorted(HANDLERS) == sorted(STEP_KINDS)
+    used = {step.kind for path in MASTER_FILES + SLAVE_FILES for step in load_flow(path).steps}
+    assert used == set(STEP_KINDS)
 
 
 def test_standard_config_round_trips_through_toml() -> None:

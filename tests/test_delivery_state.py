@@ -20,7 +20,7 @@ from masd.readside import rfc3339, thread_json
 from masd.service import (
     DONE_OUTBOX_KEPT,
     Runtime,
-    due_outbox,
+    outbox_after,
     outbox_done,
     outbox_failed,
     outbox_retry,
@@ -29,6 +29,11 @@ from masd.service import (
 from masd.store import MIGRATIONS, Store, migrate
 
 NOW = 1_790_000_000.0
+
+
+def _due(tx: Any) -> list[Any]:
+    """Every row due at NOW (the sender's first look)."""
+    return outbox_after(tx, 0, NOW, 100)[0]
 
 
 def _sends(doc: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -59,7 +64,7 @@ def test_each_send_reads_its_row_through_retry_sent_and_failed(tmp_path: Path) -
             doc = await read()
             assert doc is not None
             ids = {e["kind"]: e["outbox_id"] for e in doc["entries"] if "outbox_id" in e}
-            items = {i.id: i for i in await store.read(lambda db: due_outbox(db, NOW))}
+            items = {i.id: i for i in await store.read(lambda db: _due(db))}
             assert set(items) == set(ids.values())
             request, ack = items[ids["contract.out"]], items[ids["mail.out"]]
 
@@ -95,7 +100,7 @@ def test_a_sent_row_still_reads_sent_after_housekeeping_deleted_it(tmp_path: Pat
     async def main() -> None:
         with Store.open(config.server.database) as store:
             got = await deliver(store, rt, "ticket!callback@help.example", NOW)
-            for item in await store.read(lambda db: due_outbox(db, NOW)):
+            for item in await store.read(_due):
                 await store.write(lambda db, i=item.id: outbox_done(db, i, NOW + 2))
             before = _sends(await store.read(lambda db: thread_json(db, got.case_key)))
             later = NOW + DONE_OUTBOX_KEPT + 60

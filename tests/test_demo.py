@@ -1,24 +1,101 @@
-"""``masd demo`` as a user runs it: a real ``python -m masd demo`` process."""
+"""``masd demo`` as a user runs it: a real ``python -m masd demo`` process, twice.
+
+Also the stage that orders its lines (:class:`masd.demo.stage.Stage`), on its own.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import io
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from masd.cli import main
+from masd.demo.stage import Stage
+
 ROOT = Path(__file__).resolve().parent.parent
+#: What differs from run to run: ids, ports, times, Message-IDs, the temporary folder.
+_VARYING = [
+    (re.compile(r"[0-9a-f]{8,}"), "H"),
+    (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:PORT"),
+    (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"), "TIME"),
+    (re.compile(r"<[^<>@\s]+@[^<>\s]+>"), "<MID>"),
+    (re.compile(r"masd-demo-\w+"), "masd-demo-DIR"),
+]
+#: An event line: who (blank on a continuation line), a bar, what happened.
+_EVENT = re.compile(r"^  ([^|]*?) *\| (.*)$")
 
 
-def test_demo_runs_every_flow_and_prints_each_thread() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "masd", "demo"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+@pytest.fixture(scope="module")
+def runs() -> list[subprocess.CompletedProcess[str]]:
+    return [
+        subprocess.run(
+            [sys.executable, "-m", "masd", "demo"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        for _ in range(2)
+    ]
+
+
+def _normal(out: str) -> list[str]:
+    for pattern, same in _VARYING:
+        out = pattern.sub(same, out)
+    return out.splitlines()
+
+
+def test_demo_prints_its_lines_in_the_same_order_every_run(
+    runs: list[subprocess.CompletedProcess[str]],
+) -> None:
+    first, second = (_normal(done.stdout) for done in runs)
+    assert len(first) > 200
+    assert first == second
+
+
+def test_no_line_comes_before_the_act_that_caused_it(
+    runs: list[subprocess.CompletedProcess[str]],
+) -> None:
+    """After each piece of narration, the first event is the demo's own act (an LMTP
+    delivery or a peer's post), never what a peer or the relay received."""
+    out = runs[0].stdout
+    master = out.split("6. Each case's thread", 1)[0]
+    slave = out.split("masd as slave:", 1)[1].split("10. What the master", 1)[0]
+    runs_of_events: list[list[tuple[str, str]]] = [[]]
+    for line in (master + slave).splitlines():
+        m = _EVENT.match(line)
+        if m is None:
+            runs_of_events.append([])
+        elif m.group(1):
+            runs_of_events[-1].append((m.group(1), m.group(2)))
+    firsts = [events[0] for events in runs_of_events if events]
+    assert len(firsts) == 10  # five mails, Carol's reply; three mails, Frank's second
+    for who, what in firsts:
+        assert who == "LMTP", (who, what)
+        assert re.match(r"RCPT \S+: 250 ", what), what
+
+
+def test_demo_help_describes_both_parts() -> None:
+    result = CliRunner().invoke(main, ["demo", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "Master part" in text
+    assert "demo mode endpoint" in text
+    assert "Slave part" in text
+    assert "demo CRM" in text
+
+
+def test_demo_runs_every_flow_and_prints_each_thread(
+    runs: list[subprocess.CompletedProcess[str]],
+) -> None:
+    done = runs[0]
     out = done.stdout
     assert done.returncode == 0, f"stdout:\n{out}\nstderr:\n{done.stderr}"
     assert "Traceback" not in done.stderr, done.stderr
@@ -97,3 +174,67 @@ def test_demo_runs_every_flow_and_prints_each_thread() -> None:
     assert "Auto-Submitted" not in slave_part
     assert "(reply)" in slave_part
     assert "every slave flow settled" in slave_part
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def test_effects_are_printed_after_the_act_in_receiver_order() -> None:
+    out = io.StringIO()
+    stage = Stage(out)
+    looks = 0
+
+    async def idle() -> bool:
+        nonlocal looks
+        looks += 1
+        if looks == 1:  # masd is still sending: one more effect comes in
+            stage.effect("callback", "got handoff.request")
+            return False
+        return True
+
+    async def play() -> None:
+        stage.idle = idle
+        async with stage.act():
+            stage.effect("mail out", "From ticket=ticket-1@help.example", "Subject: Re: Hi")
+            stage.effect("crm", "got case.message")
+            stage.event("LMTP", "RCPT ticket@help.example: 250 2.0.0 recorded")
+        stage.effect("crm", "got case.intake")  # no act on: printed at once
+
+    asyncio.run(play())
+    assert [line.split("|", 1)[0].strip() or "..." for line in out.getvalue().splitlines()] == [
+        "LMTP",
+        "crm",
+        "callback",
+        "mail out",
+        "...",
+        "crm",
+    ]
+    assert looks == 2
+
+
+def test_acts_take_turns() -> None:
+    out = io.StringIO()
+    stage = Stage(out)
+    started = asyncio.Event()
+
+    async def slow() -> None:
+        async with stage.act():
+            started.set()
+            await asyncio.sleep(0)
+            stage.effect("callback", "got handoff.update")
+            stage.event("LMTP", "first act")
+
+    async def fast() -> None:
+        await started.wait()
+        async with stage.act():
+            stage.event("crm", "posted mail.send")
+
+    async def play() -> None:
+        await asyncio.gather(fast(), slow())
+
+    asyncio.run(play())
+    assert [line.split("|", 1)[1].strip() for line in out.getvalue().splitlines()] == [
+        "first act",
+        "got handoff.update",
+        "posted mail.send",
+    ]

@@ -1,9 +1,6 @@
 """The shape of masd/: SQL only in the store, no module over 800 lines, no function over 60.
 
-Each rule walks every module under masd/.  ``STILL_FAILING`` lists, per rule,
-the modules that break it today and are being reworked; an entry is there
-only while its module still fails (a module that passes must leave the list),
-and the list is meant to end empty.
+Each rule walks every module under masd/ and names, per module, what breaks it.
 """
 
 from __future__ import annotations
@@ -29,21 +26,6 @@ SQL = re.compile(
 )
 #: Database modules only the store may import.
 DATABASE_MODULES = frozenset({"sqlite_utils", "sqlite3"})
-
-#: Modules (relative to masd/) that still break a rule, by rule; each being
-#: reworked on its own.  Remove an entry once its module passes.
-STILL_FAILING: dict[str, frozenset[str]] = {
-    # The demo still reads the store with SQL; it moves to masd.readside.
-    "sql": frozenset({"demo.py"}),
-    # Split into smaller modules: the conformance runner and its flow reader,
-    # the mail reader of the event, the demo.
-    "module-size": frozenset(
-        {"conformance/runner.py", "conformance/flow.py", "core/event.py", "demo.py"}
-    ),
-    "function-size": frozenset(
-        {"conformance/runner.py", "conformance/flow.py", "core/event.py", "demo.py"}
-    ),
-}
 
 
 def modules() -> Iterator[Path]:
@@ -107,10 +89,7 @@ RULES: dict[str, Callable[[Path], list[str]]] = {
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_every_module_keeps_the_rule(rule: str) -> None:
     broken = {name(p): why for p in modules() if (why := RULES[rule](p))}
-    allowed = STILL_FAILING[rule]
-    assert {n: why for n, why in broken.items() if n not in allowed} == {}
-    # An allowance ends when its module passes.
-    assert sorted(allowed - set(broken)) == [], "passes now: remove it from STILL_FAILING"
+    assert broken == {}
 
 
 def test_the_sql_rule_sees_the_store() -> None:

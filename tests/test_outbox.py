@@ -410,3 +410,91 @@ def test_outbox_hands_mail_to_its_transport(tmp_path: Path) -> None:
         assert env.sink.messages == []
 
     run(tmp_path, body)
+
+
+def test_a_lane_keeps_its_in_flight_limit_and_finds_every_head_it_turned_away(
+    tmp_path: Path,
+) -> None:
+    """PROFILE §7 "Isolation": each peer its own in-flight limit; nothing waiting is forgotten."""
+    in_flight = most = 0
+
+    async def slow(rec: Recorded) -> tuple[int, Any]:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return 200, {"ok": True}
+
+    async def body(env: Env) -> None:
+        cases = 30
+        for n in range(cases):
+            sender = f"user{n}@example.com"
+            await deliver(env, REQUEST, inbound(REQUEST, sender=sender)[0], sender=sender)
+        outbox = Outbox(
+            EdgeContext(env.rt, env.store, env.clock, env.metrics),
+            peer_in_flight=2,
+            relay_in_flight=1,
+        )
+        outbox.start()
+        await env.peer.wait_for(cases)
+        await env.sink.wait_for(cases)
+
+        async def all_done() -> bool:
+            return {r["state"] for r in await outbox_rows(env)} == {"done"}
+
+        await eventually(all_done, "every row recorded done")
+        await outbox.stop()
+        assert most == 2
+        ids = [contract(r)["id"] for r in env.peer.requests]
+        assert len(ids) == len(set(ids)) == cases  # each once
+        assert len(env.sink.messages) == cases
+
+    run(tmp_path, body, peer=FakePeer(slow))
+
+
+def test_rows_recorded_while_it_runs_go_out_in_order(tmp_path: Path) -> None:
+    """New rows are found by id; a row behind a busy head goes once the head is done."""
+    release = asyncio.Event()
+
+    async def held(rec: Recorded) -> tuple[int, Any]:
+        if contract(rec)["type"] == "handoff.request":
+            await release.wait()
+        return 200, {"ok": True}
+
+    async def body(env: Env) -> None:
+        outbox = outbox_of(env)
+        outbox.start()
+        await deliver(env, REQUEST, inbound(REQUEST)[0])
+        outbox.wake()
+        [req] = await env.peer.wait_for(1)
+        # A handoff.cancel queued on the same case and peer while the request is in flight.
+        handoff_id = contract(req)["handoff_id"]
+
+        def queue_behind(db: Any) -> None:
+            now = env.clock.now()
+            db.execute(
+                "INSERT INTO outbox (kind, queue, peer, case_key, url, payload, created_at, "
+                "next_attempt_at, deliver_until) VALUES ('contract', ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    f"{CASE}|{CALLBACK_PEER}",
+                    CALLBACK_PEER,
+                    CASE,
+                    env.peer.url + "mas",
+                    json.dumps({"type": "handoff.cancel", "id": "c-1", "handoff_id": handoff_id}),
+                    now,
+                    now,
+                    now + 3600,
+                ),
+            )
+
+        await env.store.write(queue_behind)
+        outbox.wake()
+        await asyncio.sleep(0.2)
+        assert len(env.peer.requests) == 1  # the cancel waits for the request
+        release.set()
+        _, cancel = await env.peer.wait_for(2)
+        await outbox.stop()
+        assert contract(cancel)["id"] == "c-1"
+
+    run(tmp_path, body, peer=FakePeer(held))

@@ -181,12 +181,12 @@ class ReadRoutes:
             return denied
         now = self.edge.clock.now()
         try:
-            ids = await self.edge.store.write(lambda tx: queue.retry_waiting(tx, now))
+            done = await self.edge.store.write(lambda tx: queue.retry_waiting(tx, now))
         except StoreError as exc:
             return _unavailable(exc)
-        self.edge.on_commit.committed(queue.WAKE_OUTBOX)
-        log.info("queue retry all remote=%s items=%s", request.remote, len(ids))
-        return web.json_response({"ok": True, "retried": ids})
+        self.edge.on_commit.committed(done.wakes)
+        log.info("queue retry all remote=%s items=%s", request.remote, len(done.ids))
+        return web.json_response({"ok": True, "retried": done.ids})
 
     async def retry(self, request: web.Request) -> web.StreamResponse:
         return await self._change(request, "retry", queue.retry)

@@ -3,12 +3,23 @@
 Rows are queued by the service inside the transaction that caused them;
 this loop delivers them.  The head of each queue (one case and one peer) is
 sent at most once at a time, so "Messages about one case to one peer are
-delivered in order"; queues go in parallel up to :data:`MAX_IN_FLIGHT`.
-Every outcome is written back in its own store job: 2xx done; 3xx/4xx
-failed for good (redirects are never followed); 5xx, timeouts and
-connection errors retried by :func:`masd.service.outbox_retry` with the same
-``id`` until ``server.retry_for``.  A send cut short by :meth:`Outbox.stop`
-leaves its row pending, so it goes out again after a restart.
+delivered in order".  Queues go in parallel within their lane
+(:mod:`masd.edges.lanes`): each peer (URL origin) and the SMTP relay has its
+own in-flight limit and its own circuit, so a peer that hangs or fails never
+holds up another peer's messages or the mail.
+
+Contract messages go through :class:`~masd.edges.contract_client.ContractClient`
+(httpx), mail through a :class:`~masd.edges.mailer.MailTransport`.  Every
+outcome is written back in its own store job: done; failed for good (the
+thread says why); or retried by :func:`masd.service.outbox_retry` with the
+same ``id`` until ``server.retry_for``.
+
+At least once, never a storm: an outcome the store refuses to record is
+kept and recorded again after a backoff (1 s to 5 min), and its queue and
+lane slot stay taken meanwhile, so the message is not sent again.  Only a
+stop (or a crash) drops a kept outcome; the row is then still pending and
+goes out once more after the restart.  A send cut short by :meth:`Outbox.stop`
+likewise leaves its row pending.
 """
 
 from __future__ import annotations
@@ -20,39 +31,30 @@ import json
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, Final
 
-import aiohttp
-
 from masd import service
+from masd.edges import outbox_heads
 from masd.edges.context import EdgeContext
+from masd.edges.contract_client import HTTP_TIMEOUT, ContractClient
+from masd.edges.lanes import RELAY, Attempt, Lanes, origin
 from masd.edges.mailer import MailTransport, OutboundMail
+from masd.edges.outbox_heads import HeadFinder
 from masd.edges.smtp import SmtpTransport
 from masd.service import OutboxItem
-from masd.store import Tx
 
 log = logging.getLogger("masd.outbox")
 
-MAX_IN_FLIGHT: Final = 64
-HTTP_TIMEOUT: Final = 10.0
+#: Sends in flight to one peer (one URL origin) at most, and to the SMTP relay.
+PEER_IN_FLIGHT: Final = 32
+RELAY_IN_FLIGHT: Final = 16
 SMTP_TIMEOUT: Final = 30.0
 STOP_GRACE: Final = 10.0
 #: How long the loop rests after the store failed it, before looking again.
 STORE_PAUSE: Final = 1.0
-#: Bytes of a refusal's body kept for the thread (PROFILE §7 "recorded ... with the detail").
-BODY_KEEP: Final = 300
 #: Counter of wakes from outside (a commit queued rows): each costs the loop a read.
 WAKES_METRIC: Final = "masd_outbox_wakes_total"
 _MESSAGE_ID = re.compile(r"^Message-ID:[ \t]*(\S+)", re.IGNORECASE | re.MULTILINE)
-
-
-@dataclass(frozen=True)
-class _Result:
-    """What one attempt came to: done, failed (for good) or retry."""
-
-    result: str
-    detail: str = ""
 
 
 class Outbox:
@@ -63,7 +65,9 @@ class Outbox:
         ctx: EdgeContext,
         *,
         mail: MailTransport | None = None,
-        max_in_flight: int = MAX_IN_FLIGHT,
+        http: ContractClient | None = None,
+        peer_in_flight: int = PEER_IN_FLIGHT,
+        relay_in_flight: int = RELAY_IN_FLIGHT,
         http_timeout: float = HTTP_TIMEOUT,
         smtp_timeout: float = SMTP_TIMEOUT,
         stop_grace: float = STOP_GRACE,
@@ -73,8 +77,6 @@ class Outbox:
         self._clock = ctx.clock
         metrics = self._metrics = ctx.metrics
         self._on_commit = ctx.listener
-        self._max = max_in_flight
-        self._http_timeout = http_timeout
         server = rt.config.server
         self._mailer: MailTransport = mail or SmtpTransport(
             server.smtp_relay,
@@ -82,11 +84,15 @@ class Outbox:
             keys={d: c.dkim for d, c in rt.config.domains.items() if c.dkim is not None},
             timeout=smtp_timeout,
         )
+        self._http = http or ContractClient(timeout=http_timeout)
+        self._lanes = Lanes(lambda key: relay_in_flight if key == RELAY else peer_in_flight)
+        self._heads = HeadFinder()
+        self._requeued: set[str] = set()  # queues to look at again, from the next look on
         self._stop_grace = stop_grace
         self._wake = asyncio.Event()
+        self._halt = asyncio.Event()  # set by stop(): ends the pauses of kept outcomes
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        self._client: aiohttp.ClientSession | None = None
         self._in_flight: dict[str, asyncio.Task[None]] = {}  # queue -> its send
         metrics.inc(WAKES_METRIC, 0.0)  # on /metrics from the start
 
@@ -94,26 +100,19 @@ class Outbox:
         """Start the loop (on the running event loop)."""
         if self._task is not None:
             raise RuntimeError("Outbox already started")
-        # aiohttp's client, not httpx: at 16 and 64 concurrent posts httpx
-        # spent 2-6 ms of CPU per request against aiohttp's 0.1-0.2 ms
-        # (docs/performance.md, "HTTP clients"), and the sender is on the
-        # same loop as the listeners.  HTTP/1.1 keep-alive, one pool.
-        self._client = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self._max, keepalive_timeout=30.0),
-            timeout=aiohttp.ClientTimeout(total=self._http_timeout),
-            trust_env=False,  # no proxy from the environment between masd and its peers
-            auto_decompress=False,
-        )
         self._task = asyncio.create_task(self._run(), name="masd-outbox")
 
-    def wake(self) -> None:
-        """Look at the outbox now (new rows may have been committed)."""
+    def wake(self, queues: Iterable[str] = ()) -> None:
+        """Look at the outbox now (new rows may have been committed), and at the
+        heads of ``queues`` (an operator made one due now, or dropped it)."""
         self._metrics.inc(WAKES_METRIC)
+        self._requeued.update(queues)
         self._wake.set()
 
     async def stop(self) -> None:
         """Take nothing new, let in-flight sends finish (at most ``stop_grace`` s), close."""
         self._stopping = True
+        self._halt.set()
         self._wake.set()
         if self._task is not None:
             await self._task
@@ -123,9 +122,7 @@ class Outbox:
             for task in late:
                 task.cancel()  # its row stays pending: sent again after a restart
             await asyncio.gather(*late, return_exceptions=True)
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        await self._http.close()
         await self._mailer.close()
 
     # -- the loop ---------------------------------------------------------------
@@ -133,90 +130,155 @@ class Outbox:
     async def _run(self) -> None:
         while not self._stopping:
             self._wake.clear()  # before reading: a wake from now on is not lost
+            # Not into a look under way: it may have read those heads before they changed.
+            self._heads.ended |= self._requeued
+            self._requeued = set()
             now = self._clock.now()
-            free = self._max - len(self._in_flight)
-            busy = frozenset(self._in_flight)
+            ask = self._heads.ask(now, frozenset(self._in_flight), self._lanes.rooms(now))
             try:
-                items, next_at = await self._store.read(
-                    functools.partial(_look, now=now, free=free, busy=busy)
-                )
+                found = await self._store.read(functools.partial(outbox_heads.look, ask=ask))
             except Exception as exc:  # noqa: BLE001 - the store failing must not end the loop
                 log.warning("outbox read failed error=%s", exc)
                 await _pause(self._wake, STORE_PAUSE)
                 continue
             if self._stopping:
                 break
-            for item in items:
-                self._in_flight[item.queue] = asyncio.create_task(
-                    self._attempt(item), name=f"masd-outbox-{item.id}"
-                )
-            if len(items) >= free:
-                next_at = None  # at capacity: a finishing send wakes the loop
-            elif next_at is not None and next_at <= now:
-                continue  # a head fell due between the two queries
-            await self._clock.wait(self._wake, next_at)
+            self._heads.update(ask, found)
+            self._start_sends(found.items, now)
+            if found.more:
+                continue  # a page of new rows or of rows falling due was full
+            if found.next_at is not None and found.next_at <= self._clock.now():
+                continue  # a row fell due meanwhile
+            wake_at = [t for t in (found.next_at, self._lanes.next_open(now)) if t is not None]
+            await self._clock.wait(self._wake, min(wake_at, default=None))
 
-    async def _attempt(self, item: OutboxItem) -> None:
+    def _start_sends(self, items: list[OutboxItem], now: float) -> None:
+        """Start what the lanes admit; the others wait for room in their lane."""
+        for item in items:
+            if item.queue in self._in_flight:
+                continue
+            lane = self._lane_of(item)
+            self._heads.seen(lane, item)
+            probe = self._lanes.take(lane, now)
+            if probe is None:
+                self._heads.turned_away(lane, item)
+                continue
+            self._in_flight[item.queue] = asyncio.create_task(
+                self._attempt(item, lane, probe), name=f"masd-outbox-{item.id}"
+            )
+
+    def _lane_of(self, item: OutboxItem) -> str:
+        if item.kind == "mail":
+            return RELAY
+        peer = self._rt.directory.by_id.get(item.peer or "")
+        url = item.url or (peer.url if peer is not None else "")
+        return origin(url) or f"peer:{item.peer}"
+
+    async def _attempt(self, item: OutboxItem, lane: str, probe: bool) -> None:
+        judged = False
+        try:
+            outcome = await self._send(item)
+            self._judge(lane, outcome, probe)
+            judged = True
+            await self._keep(item, outcome)
+        finally:
+            if not judged:  # cancelled at stop: no verdict on the peer
+                self._lanes.judge(lane, None, self._clock.now(), probe=probe)
+            self._lanes.release(lane)
+            self._in_flight.pop(item.queue, None)
+            self._heads.ended.add(item.queue)  # its next head, or this row again later
+            self._wake.set()
+
+    def _judge(self, lane: str, outcome: Attempt, probe: bool) -> None:
+        event = self._lanes.judge(lane, outcome.healthy, self._clock.now(), probe=probe)
+        if event is None:
+            return
+        state = self._lanes[lane]
+        if event == "closed":
+            log.info("outbox circuit closed peer=%s", lane)
+        else:
+            wait = (state.open_until or 0.0) - self._clock.now()
+            log.warning(
+                "outbox circuit %s peer=%s failures=%d for=%.1fs detail=%s",
+                event,
+                lane,
+                state.failures,
+                wait,
+                json.dumps(outcome.detail),
+            )
+        self._metrics.inc("masd_outbox_circuit_total", peer=lane, event=event)
+
+    # -- one attempt --------------------------------------------------------------
+
+    async def _send(self, item: OutboxItem) -> Attempt:
         try:
             if item.kind == "contract":
-                outcome = await self._post(item)
-            else:
-                outcome = await self._mail(item)
-            await self._record(item, outcome)
+                return await self._post(item)
+            return await self._mail(item)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - one row's trouble must not stop the others
             log.error(
                 "outbox attempt crashed outbox_id=%s case=%s error=%r", item.id, item.case_key, exc
             )
-            await _pause(asyncio.Event(), STORE_PAUSE)  # its row stays due: not in a hot loop
-        finally:
-            self._in_flight.pop(item.queue, None)
-            self._wake.set()
+            return Attempt("retry", f"internal error: {exc!r}", healthy=None)
 
-    # -- one attempt --------------------------------------------------------------
-
-    async def _post(self, item: OutboxItem) -> _Result:
+    async def _post(self, item: OutboxItem) -> Attempt:
         peer = self._rt.directory.by_id.get(item.peer or "")
         if peer is None or not item.url:
-            return _Result("failed", f"peer {item.peer!r} is not configured (any more)")
+            return Attempt("failed", f"peer {item.peer!r} is not configured (any more)", None)
         body = item.payload if isinstance(item.payload, bytes) else item.payload.encode("utf-8")
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {peer.token}"}
-        assert self._client is not None
-        try:
-            async with self._client.post(
-                item.url, data=body, headers=headers, allow_redirects=False
-            ) as r:
-                text = await _head_of(r)
-                status = r.status
-        except (aiohttp.InvalidURL, ValueError) as exc:
-            return _Result("failed", f"url {item.url!r}: {exc}")
-        except TimeoutError:
-            return _Result("retry", f"timeout: no answer within {self._http_timeout:g} s")
-        except aiohttp.ClientConnectorError as exc:
-            return _Result("retry", f"connect failed: {exc.os_error or exc}")
-        except aiohttp.ClientError as exc:  # connection refused or reset, protocol errors
-            return _Result("retry", f"{type(exc).__name__}: {exc}")
-        if 200 <= status < 300:
-            return _Result("done", f"HTTP {status}")
-        if 300 <= status < 500:
-            return _Result("failed", f"HTTP {status}: {text}")
-        return _Result("retry", f"HTTP {status}: {text}")
+        return await self._http.post(item.url, body, peer.token)
 
-    async def _mail(self, item: OutboxItem) -> _Result:
+    async def _mail(self, item: OutboxItem) -> Attempt:
         try:
             data = json.loads(item.payload)
             mail_from, rcpt_to = str(data["mail_from"]), str(data["rcpt_to"])
             domain, message = str(data["domain"]), str(data["message"]).encode("utf-8")
         except (ValueError, KeyError, TypeError) as exc:
-            return _Result("failed", f"outbox row {item.id} is not a mail: {exc!r}")
+            return Attempt("failed", f"outbox row {item.id} is not a mail: {exc!r}", None)
         result = await self._mailer.send(OutboundMail(mail_from, rcpt_to, message, domain))
-        outcome = {"ok": "done", "permanent": "failed"}.get(result.outcome, "retry")
-        return _Result(outcome, result.describe())
+        if result.outcome == "ok":
+            return Attempt("done", result.describe())
+        if result.outcome == "permanent":
+            return Attempt("failed", result.describe())
+        return Attempt("retry", result.describe(), healthy=False)
 
-    async def _record(self, item: OutboxItem, outcome: _Result) -> None:
+    async def _keep(self, item: OutboxItem, outcome: Attempt) -> None:
+        """Record ``outcome``; while the store refuses, keep it and try again after a backoff."""
+        failures = 0
+        while True:
+            try:
+                await self._record(item, outcome)
+                return
+            except Exception as exc:  # noqa: BLE001 - retried below; the send is not repeated
+                failures += 1
+                self._metrics.inc("masd_outbox_record_failures_total", kind=item.kind)
+                fields = _describe(item, outcome.detail)
+                if self._stopping:
+                    log.warning(
+                        "outbox %s not recorded at stop, sent again after a restart "
+                        "outbox_id=%s error=%s",
+                        outcome.result,
+                        item.id,
+                        json.dumps(str(exc)),
+                    )
+                    return
+                delay = service.backoff(failures)
+                log.warning(
+                    "outbox %s not recorded outbox_id=%s case=%s try=%d again_in=%.1fs error=%s",
+                    outcome.result,
+                    item.id,
+                    fields["case"],
+                    failures,
+                    delay,
+                    json.dumps(str(exc)),
+                )
+                await _pause(self._halt, delay)
+
+    async def _record(self, item: OutboxItem, outcome: Attempt) -> None:
         rt, now = self._rt, self._clock.now()
-        result = outcome.result
+        result: str = outcome.result
         wakes = service.NO_WAKES
         if result == "done":
             await self._store.write(lambda db: service.outbox_done(db, item.id, now))
@@ -240,24 +302,10 @@ class Outbox:
         self._on_commit.committed(wakes)
 
 
-def _look(
-    tx: Tx, now: float, free: int, busy: Iterable[str]
-) -> tuple[list[OutboxItem], float | None]:
-    """Due queue heads (none of ``busy``) and when the next other head falls due."""
-    items = service.due_outbox(tx, now, free, exclude=busy) if free > 0 else []
-    return items, service.next_outbox_at(tx, {*busy, *(i.queue for i in items)})
-
-
 async def _pause(event: asyncio.Event, seconds: float) -> None:
     """Rest a little real time after a fault (not clock time: a test clock may stand still)."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), seconds)
-
-
-async def _head_of(response: aiohttp.ClientResponse) -> str:
-    """The start of a response body (a peer's refusal detail), never all of it."""
-    head = await response.content.read(BODY_KEEP * 4)
-    return head.decode("utf-8", "replace")[:BODY_KEEP]
 
 
 def _describe(item: OutboxItem, detail: str) -> dict[str, Any]:

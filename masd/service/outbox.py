@@ -1,15 +1,14 @@
 """The outbox's outcomes: what a delivery attempt leaves behind (PROFILE §7).
 
 The rows themselves are queued by :func:`masd.service.apply.apply` and read
-by :mod:`masd.edges.outbox` through :func:`due_outbox` and
-:func:`next_outbox_at`.
+by :mod:`masd.edges.outbox` through the queries below
+(:mod:`masd.edges.outbox_heads` says when each is asked).
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable
 from typing import Any
 
 from masd.core.engine import Effect, request_failed
@@ -20,20 +19,13 @@ from masd.service.state import load_case, load_handoff
 from masd.store import OutboxItem, Tx, append_thread
 from masd.store import outbox as rows
 
-
-def due_outbox(
-    tx: Tx, now: float, limit: int = 64, exclude: Iterable[str] = ()
-) -> list[OutboxItem]:
-    """The head of each queue whose time has come (PROFILE §7: in order per case and peer)."""
-    return rows.due_outbox(tx, now, limit, exclude)
-
-
-def next_outbox_at(tx: Tx, busy: Iterable[str] = ()) -> float | None:
-    """When the next queue head not in ``busy`` falls due.
-
-    Not the earliest pending row: a row behind a head in backoff is not due.
-    """
-    return rows.next_outbox_at(tx, busy)
+# How the outbox sender finds due queue heads (masd/edges/outbox_heads.py).
+outbox_after = rows.heads_after
+outbox_fell_due = rows.heads_fell_due
+outbox_heads = rows.heads_of_queues
+outbox_peer_heads = rows.heads_of_peers
+outbox_start_id = rows.start_id
+next_outbox_at = rows.next_due_at
 
 
 def outbox_done(tx: Tx, item_id: int, now: float) -> None:

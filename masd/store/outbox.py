@@ -7,11 +7,12 @@ are delivered in order", so only the head (lowest id) of a queue is due.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from masd.store.sql import Tx, dumps, run, tuples
+from masd.store.sql import Tx, dumps, run, tuples, value
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class OutboxItem:
     payload: str
     attempts: int
     deliver_until: float
+    next_attempt_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -75,38 +77,103 @@ def abandon_requests(
     return [(int(oid), str(mid)) for oid, mid in found]
 
 
-def due_outbox(
-    tx: Tx, now: float, limit: int = 64, exclude: Iterable[str] = ()
-) -> list[OutboxItem]:
-    """The head of each queue whose time has come (PROFILE §7: in order per case and peer)."""
-    busy = list(exclude)
+# The outbox sender finds due queue heads without reading every due row, so a
+# backlog for a peer that takes nothing now (hung, failing, full) is not read
+# again on each look: new rows by id, rows whose backoff ran out by time, the
+# next head of a queue whose send ended, more heads of one peer from an id on
+# (masd/edges/outbox_heads.py says when each is asked).  A head is the lowest
+# pending id of its queue (PROFILE §7: in order per case and peer).
+
+
+def heads_after(
+    tx: Tx, after_id: int, now: float, limit: int
+) -> tuple[list[OutboxItem], int, bool]:
+    """Due heads among the ``limit`` rows after ``after_id``; the last id looked at; whether
+    the page was full (more rows may follow)."""
     found = tuples(
         tx,
         "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
-        "o.deliver_until FROM outbox o WHERE o.state = 'pending' AND o.next_attempt_at <= ? "
-        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
-        "ORDER BY o.next_attempt_at, o.id LIMIT ?",
-        (now, limit + len(busy)),
+        "o.deliver_until, o.next_attempt_at, (o.state = 'pending' AND o.next_attempt_at <= ? "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')) "
+        "FROM outbox o WHERE o.id > ? ORDER BY o.id LIMIT ?",
+        (now, after_id, limit),
     )
-    items = [OutboxItem(*r) for r in found if r[2] not in busy]
-    return items[:limit]
+    last = int(found[-1][0]) if found else after_id
+    return [OutboxItem(*r[:-1]) for r in found if r[-1]], last, len(found) >= limit
 
 
-def next_outbox_at(tx: Tx, busy: Iterable[str] = ()) -> float | None:
-    """When the next queue head not in ``busy`` falls due.
-
-    Not the earliest pending row: a row behind a head in backoff is not due.
-    """
-    skip = set(busy)
+def heads_fell_due(tx: Tx, since: tuple[float, int], now: float, limit: int) -> list[OutboxItem]:
+    """Heads due by ``now`` whose (next_attempt_at, id) comes after ``since``, in that order."""
+    at, after = since
     found = tuples(
         tx,
-        "SELECT o.queue, o.next_attempt_at FROM outbox o WHERE o.state = 'pending' "
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
+        "o.deliver_until, o.next_attempt_at FROM outbox o WHERE o.state = 'pending' "
+        "AND o.next_attempt_at >= ? AND NOT (o.next_attempt_at = ? AND o.id <= ?) "
+        "AND o.next_attempt_at <= ? "
         "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
-        "ORDER BY o.next_attempt_at LIMIT ?",
-        (len(skip) + 1,),
+        "ORDER BY o.next_attempt_at, o.id LIMIT ?",
+        (at, at, after, now, limit),
     )
-    times = [float(at) for queue, at in found if queue not in skip]
-    return times[0] if times else None
+    return [OutboxItem(*r) for r in found]
+
+
+def heads_of_queues(tx: Tx, queues: Iterable[str], now: float) -> list[OutboxItem]:
+    """The due heads of ``queues``."""
+    found = tuples(
+        tx,
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
+        "o.deliver_until, o.next_attempt_at FROM outbox o INDEXED BY outbox_queue "
+        "WHERE o.state = 'pending' AND o.queue IN (SELECT value FROM json_each(?)) "
+        "AND o.next_attempt_at <= ? "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')",
+        (json.dumps(sorted(set(queues))), now),
+    )
+    return [OutboxItem(*r) for r in found]
+
+
+def heads_of_peers(
+    tx: Tx, peers: Iterable[str], from_id: int, now: float, busy: Iterable[str], limit: int
+) -> list[OutboxItem]:
+    """Up to ``limit`` due heads of ``peers`` from ``from_id`` on, by id, none of ``busy``."""
+    found = tuples(
+        tx,
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
+        "o.deliver_until, o.next_attempt_at FROM outbox o NOT INDEXED WHERE o.id >= ? "
+        "AND IFNULL(o.peer, '') IN (SELECT value FROM json_each(?)) "
+        "AND o.queue NOT IN (SELECT value FROM json_each(?)) "
+        "AND o.state = 'pending' AND o.next_attempt_at <= ? "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
+        "ORDER BY o.id LIMIT ?",
+        (
+            from_id,
+            json.dumps(sorted(set(peers))),
+            json.dumps(sorted(set(busy))),
+            now,
+            limit,
+        ),
+    )
+    return [OutboxItem(*r) for r in found]
+
+
+def start_id(tx: Tx) -> int:
+    """The id after which the sender starts looking: just before the first pending row."""
+    found = tuples(
+        tx,
+        "SELECT (SELECT MIN(id) FROM outbox WHERE state = 'pending'), (SELECT MAX(id) FROM outbox)",
+    )
+    first, last = found[0] if found else (None, None)
+    return int(first) - 1 if first is not None else int(last or 0)
+
+
+def next_due_at(tx: Tx, now: float) -> float | None:
+    """The earliest time after ``now`` at which a pending row falls due, if any."""
+    at = value(
+        tx,
+        "SELECT MIN(next_attempt_at) FROM outbox WHERE state = 'pending' AND next_attempt_at > ?",
+        (now,),
+    )
+    return None if at is None else float(at)
 
 
 def done(tx: Tx, item_id: int, at: float | None = None) -> None:

@@ -24,6 +24,7 @@ class QueueRow:
 
     id: int
     kind: str
+    queue: str
     case_key: str | None
     peer: str | None
     state: str
@@ -41,7 +42,7 @@ class QueueRow:
 
 
 _COLUMNS = (
-    "SELECT id, kind, case_key, peer, state, attempts, last_error, created_at, "
+    "SELECT id, kind, queue, case_key, peer, state, attempts, last_error, created_at, "
     "next_attempt_at, done_at, "
     "CASE kind WHEN 'contract' THEN json_extract(payload, '$.type') END, "
     "CASE kind WHEN 'contract' THEN json_extract(payload, '$.id') END, "
@@ -110,15 +111,15 @@ def retry_now(tx: Tx, item_id: int, now: float, deliver_until: float) -> bool:
     )
 
 
-def retry_all(tx: Tx, now: float) -> list[int]:
-    """Make every pending row due at ``now``; the ids of those that were waiting longer."""
+def retry_all(tx: Tx, now: float) -> list[tuple[int, str]]:
+    """Make every pending row due at ``now``; (id, queue) of those that were waiting longer."""
     found = tuples(
         tx,
         "UPDATE outbox SET next_attempt_at = ? WHERE state = 'pending' AND next_attempt_at > ? "
-        "RETURNING id",
+        "RETURNING id, queue",
         (now, now),
     )
-    return sorted(int(i) for (i,) in found)
+    return sorted((int(i), str(q)) for i, q in found)
 
 
 def withdraw(tx: Tx, item_id: int, reason: str, at: float, *, attempts: int | None = None) -> bool:

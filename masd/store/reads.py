@@ -19,6 +19,19 @@ def handoffs(tx: Tx, key: str) -> list[dict[str, Any]]:
     )
 
 
+def latest_cases(tx: Tx, limit: int, domain: str | None) -> list[dict[str, Any]]:
+    """The newest cases first (of ``domain`` if given), each with its latest handoff."""
+    return rows(
+        tx,
+        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "
+        "c.thread_seq, h.handoff_id, h.mode, h.status FROM cases c "
+        "LEFT JOIN handoffs h ON h.rowid = (SELECT rowid FROM handoffs WHERE case_key = c.key "
+        "ORDER BY requested_at DESC, rowid DESC LIMIT 1) "
+        "WHERE ?1 IS NULL OR c.domain = ?1 ORDER BY c.created_at DESC, c.rowid DESC LIMIT ?2",
+        (domain, limit),
+    )
+
+
 def open_handoffs(tx: Tx) -> list[dict[str, Any]]:
     """Every handoff not closed yet, oldest first."""
     return rows(

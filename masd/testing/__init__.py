@@ -1,9 +1,17 @@
-"""Test doubles of masd's peers, on real loopback sockets.
+"""The test rig: masd's peers faked on real loopback sockets, and the helpers around them.
 
-Used by masd's own tests, ``masd demo`` and the conformance runner: a mode
-endpoint or master (:class:`~masd.testing.peers.FakePeer`, HTTP) and a mail
-relay (:class:`~masd.testing.peers.SmtpSink`, SMTP); and, for unit tests, a mail
-transport that keeps mail in memory (:class:`~masd.testing.mail.MemoryMailTransport`).
+Used by masd's own tests, ``masd demo`` and the conformance runner alike:
+
+- :mod:`~masd.testing.peers`: a mode endpoint, master or webhook
+  (:class:`FakePeer`, HTTP) and the mail relay (:class:`SmtpSink`, SMTP);
+- :mod:`~masd.testing.mail`: a mail transport that keeps mail in memory
+  (:class:`MemoryMailTransport`), for unit tests;
+- :mod:`~masd.testing.config`, :mod:`~masd.testing.files`: configurations
+  and secret files on free ports (:mod:`~masd.testing.net`);
+- :mod:`~masd.testing.inbound`: mail as our MX hands it to masd;
+- :mod:`~masd.testing.client`: masd's HTTP listener as a peer or operator uses it;
+- :mod:`~masd.testing.process`: masd (or any target) as a child process;
+- :mod:`~masd.testing.wait`: bounded waits.
 """
 
 from masd.testing.mail import MemoryMailTransport

@@ -22,8 +22,10 @@ make a peer fail, refuse or vanish and check what masd does about it.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
+import contextlib
 import email.policy
 import json
 import socket
@@ -31,7 +33,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from email.message import EmailMessage
 from email.parser import BytesParser
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from aiohttp import web
 from aiosmtpd.smtp import SMTP, Envelope, Session
@@ -88,17 +90,51 @@ class _Arrivals:
         self._grew = asyncio.Event()
 
     async def wait_for(self, n: int, timeout: float) -> None:
-        try:
-            async with asyncio.timeout(timeout):
-                while len(self.items) < n:
-                    await self._grew.wait()
-        except TimeoutError:
+        if not await self.wait_until(lambda: len(self.items) >= n, timeout):
             raise TimeoutError(
                 f"{self._what}: {len(self.items)} of {n} arrived within {timeout:g} s"
-            ) from None
+            )
+
+    async def wait_until(self, test: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``test()`` holds (looked at on each arrival); False after ``timeout``."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not test():
+                    await self._grew.wait()
+        return test()
 
 
-class FakePeer:
+class _Loopback(abc.ABC):
+    """A fake listening on 127.0.0.1: what it received, and the port it bound (0: none yet).
+
+    ``async with`` starts it and closes it.
+    """
+
+    def __init__(self, what: str) -> None:
+        self._arrivals = _Arrivals(what)
+        self._port = 0
+
+    @abc.abstractmethod
+    async def start(self) -> Self:
+        """Listen (on a port of its own the first time)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop listening and drop the connections."""
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _bound_port(self) -> int:
+        if not self._port:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return self._port
+
+
+class FakePeer(_Loopback):
     """An HTTP server on loopback that records every request and answers from a script.
 
     ``script`` is a callable (``Recorded -> (status, body)``, sync or async)
@@ -113,9 +149,8 @@ class FakePeer:
             self._script = script
         elif script is not None:
             self._answers.extend(script)
-        self._arrivals = _Arrivals("FakePeer requests")
+        super().__init__("FakePeer requests")
         self._runner: web.AppRunner | None = None
-        self._port = 0
 
     @property
     def requests(self) -> list[Recorded]:
@@ -125,15 +160,13 @@ class FakePeer:
     @property
     def url(self) -> str:
         """The base URL, ending in ``/`` (``http://127.0.0.1:PORT/``)."""
-        if not self._port:
-            raise RuntimeError("FakePeer is not started")
-        return f"http://127.0.0.1:{self._port}/"
+        return f"http://127.0.0.1:{self._bound_port()}/"
 
     def answer(self, *answers: Answer) -> None:
         """Queue answers for the next requests (after any already queued)."""
         self._answers.extend(answers)
 
-    async def start(self) -> FakePeer:
+    async def start(self) -> Self:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
@@ -147,12 +180,6 @@ class FakePeer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-    async def __aenter__(self) -> FakePeer:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     async def wait_for(self, n: int, timeout: float = 10.0) -> list[Recorded]:
         """Wait until ``n`` requests have arrived; returns all received so far."""
@@ -216,28 +243,34 @@ class _SinkHandler:
         if refusal is not None:
             self._sink.refused.append(mail)
             return refusal
-        self._sink._arrivals.add(mail)
+        self._sink._accept(mail)
         return "250 2.0.0 OK: queued"
 
 
-class SmtpSink:
+class SmtpSink(_Loopback):
     """An SMTP server on loopback (aiosmtpd) that records every accepted message.
 
     ``refuse(reply, count)`` answers the next ``count`` messages with
     ``reply`` (a 4xx or 5xx line) at DATA or RCPT; ``set_down(True)`` stops
     listening so connections are refused, ``set_down(False)`` listens again
-    on the same port.
+    on the same port.  ``on_mail`` (if given) sees each accepted message
+    before the sink answers 250.
     """
 
-    def __init__(self, *, hostname: str = "sink.test") -> None:
+    def __init__(
+        self,
+        *,
+        hostname: str = "sink.test",
+        on_mail: Callable[[ReceivedMail], None] | None = None,
+    ) -> None:
         self.hostname = hostname
+        self._on_mail = on_mail
         self.refused: list[ReceivedMail] = []
-        self._arrivals = _Arrivals("SmtpSink messages")
+        super().__init__("SmtpSink messages")
         self._handler = _SinkHandler(self)
         self._refusals: collections.deque[tuple[str, str]] = collections.deque()
         self._server: asyncio.AbstractServer | None = None
         self._protocols: list[SMTP] = []
-        self._port = 0
 
     @property
     def messages(self) -> list[ReceivedMail]:
@@ -246,14 +279,17 @@ class SmtpSink:
 
     @property
     def port(self) -> int:
-        if not self._port:
-            raise RuntimeError("SmtpSink is not started")
-        return self._port
+        return self._bound_port()
 
     @property
     def relay(self) -> TcpListen:
         """Where to point ``server.smtp_relay``."""
         return TcpListen("127.0.0.1", self.port)
+
+    def to(self, address: str) -> list[ReceivedMail]:
+        """The accepted messages with ``address`` among their recipients (any case)."""
+        want = address.lower()
+        return [m for m in self._arrivals.items if want in (r.lower() for r in m.rcpt_tos)]
 
     def refuse(self, reply: str, count: int = 1, *, at: Literal["DATA", "RCPT"] = "DATA") -> None:
         """Answer the next ``count`` messages with ``reply`` (e.g. ``"554 5.7.1 no"``)."""
@@ -262,12 +298,17 @@ class SmtpSink:
             raise ValueError(f"reply {reply!r} is not a 4xx or 5xx SMTP reply")
         self._refusals.extend([(at, reply)] * count)
 
+    def _accept(self, mail: ReceivedMail) -> None:
+        if self._on_mail is not None:
+            self._on_mail(mail)
+        self._arrivals.add(mail)
+
     def _take_refusal(self, stage: str) -> str | None:
         if self._refusals and self._refusals[0][0] == stage:
             return self._refusals.popleft()[1]
         return None
 
-    async def start(self) -> SmtpSink:
+    async def start(self) -> Self:
         await self._listen(self._port)
         return self
 
@@ -287,16 +328,14 @@ class SmtpSink:
         self._protocols.clear()
         await asyncio.sleep(0)  # let the closed connections' handlers finish
 
-    async def __aenter__(self) -> SmtpSink:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
     async def wait_for(self, n: int, timeout: float = 10.0) -> list[ReceivedMail]:
         """Wait until ``n`` messages have been accepted; returns all accepted so far."""
         await self._arrivals.wait_for(n, timeout)
         return self.messages
+
+    async def wait_until(self, test: Callable[[], bool], timeout: float = 10.0) -> bool:
+        """Wait until ``test()`` holds (looked at as messages arrive); False after ``timeout``."""
+        return await self._arrivals.wait_until(test, timeout)
 
     def _protocol(self) -> SMTP:
         proto = SMTP(

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 import hashlib
+import json
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,6 +47,7 @@ class Env:
     peer: FakePeer
     sink: SmtpSink
     tmp: Path
+    more_peers: dict[str, FakePeer] = field(default_factory=dict)
 
     def trust(self) -> TrustSettings:
         server = self.config.server
@@ -64,19 +66,42 @@ class Env:
             peer=self.peer,
             sink=self.sink,
             tmp=self.tmp,
+            more_peers=self.more_peers,
         )
 
     async def close(self) -> None:
         self.store.close()
         await self.peer.close()
+        for other in self.more_peers.values():
+            await other.close()
         await self.sink.close()
 
 
-def write_config(tmp: Path, *, peer_url: str, relay_port: int, deadline: str, dkim: bool) -> Path:
+def write_config(
+    tmp: Path,
+    *,
+    peer_url: str,
+    relay_port: int,
+    deadline: str,
+    dkim: bool,
+    more_modes: Mapping[str, str] = {},
+) -> Path:
+    """The config; ``more_modes`` adds endpoints (mode name -> base URL) beside ``callback``."""
     token = tmp / "callback.token"
     token.write_text(CALLBACK_TOKEN + "\n")
     token.chmod(0o600)
     dkim_line = 'dkim = { selector = "mas", key_file = "dkim.key" }' if dkim else ""
+    modes = json.dumps(["callback", *more_modes])
+    endpoints = ""
+    for mode, url in more_modes.items():
+        (tmp / f"{mode}.token").write_text(f"{mode}-secret-{secrets.token_hex(8)}\n")
+        (tmp / f"{mode}.token").chmod(0o600)
+        endpoints += f"""
+[domains."help.example".types.ticket.endpoints.{mode}]
+url = "{url}mas"
+token_file = "{mode}.token"
+deadline = "{deadline}"
+"""
     text = f"""
 [server]
 lmtp = "unix:{tmp}/lmtp.sock"
@@ -92,7 +117,7 @@ retry_for = "1h"
 
 [domains."help.example".types.ticket]
 role = "master"
-modes = ["callback"]
+modes = {modes}
 id_prefix = "gs-"
 
 [domains."help.example".types.ticket.endpoints.callback]
@@ -100,7 +125,7 @@ url = "{peer_url}mas"
 token_file = "callback.token"
 deadline = "{deadline}"
 fields = ["phone"]
-"""
+{endpoints}"""
     path = tmp / "masd.toml"
     path.write_text(text)
     return path
@@ -113,12 +138,23 @@ async def make_env(
     peer: FakePeer | None = None,
     deadline: str = "1h",
     dkim: bool = False,
+    more_peers: Mapping[str, FakePeer] = {},
 ) -> Env:
+    """``more_peers``: more endpoints of ``ticket`` (mode name -> peer), started here."""
     peer = await (peer or FakePeer()).start()
+    for other in more_peers.values():
+        await other.start()
     sink = await SmtpSink().start()
-    config = load_config(
-        write_config(tmp, peer_url=peer.url, relay_port=sink.port, deadline=deadline, dkim=dkim)
+    more_modes = {mode: p.url for mode, p in more_peers.items()}
+    path = write_config(
+        tmp,
+        peer_url=peer.url,
+        relay_port=sink.port,
+        deadline=deadline,
+        dkim=dkim,
+        more_modes=more_modes,
     )
+    config = load_config(path)
     return Env(
         config=config,
         rt=Runtime(config, new_id=lambda: secrets.token_hex(16)),
@@ -128,6 +164,7 @@ async def make_env(
         peer=peer,
         sink=sink,
         tmp=tmp,
+        more_peers=dict(more_peers),
     )
 
 

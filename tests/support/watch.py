@@ -121,8 +121,10 @@ async def watched(
         )
         if more_config:
             setup.config.write_text(setup.config.read_text() + more_config)
+        masd = MasdProcess(setup.config, tmp_path / "masd.log")
+        masd.argv += args
         async with (
-            MasdProcess(setup.config, tmp_path / "masd.log", args=args) as masd,
+            masd,
             httpx.AsyncClient(
                 base_url=setup.http_url,
                 headers={"Authorization": f"Bearer {setup.admin_token}"},

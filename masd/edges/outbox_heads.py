@@ -1,0 +1,136 @@
+"""Where the outbox sender finds queue heads to send, without scanning every due row.
+
+A peer that takes nothing (hung, failing, or simply at its in-flight limit
+with a backlog) may leave thousands of due heads in the outbox.  Asking the
+store each time for "every due head but those" would read them all on every
+look.  Instead each look asks only for what can have changed since the last
+one (all of it in one read, :func:`look`):
+
+1. rows added since: the rows after the last id looked at (a page at a time);
+2. heads whose backoff ran out since the last look: a window of
+   ``next_attempt_at``, continued from where the last look stopped;
+3. the new head of each queue whose send ended (its next row, or the same
+   row again when it is retried later);
+4. for each lane that turned heads away and has room again, its next heads
+   by id from the first one it turned away (:attr:`HeadFinder.waiting`);
+5. when the next pending row falls due.
+
+A head seen once and turned away is found again by (4); a head that was not
+yet due is found by (2) when it falls due; a row behind a head by (3) when the
+head's send ends.  Rows a look returns whose queue was in flight when it was
+asked are dropped: that send may have ended while the store was read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from masd import service
+from masd.service import OutboxItem
+from masd.store import Tx
+
+#: Rows per page of new rows, and heads per window of rows falling due.
+PAGE: Final = 256
+_LAST_ID: Final = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Fill:
+    """Ask for up to ``room`` heads of ``lane`` (its ``peers``), by id from ``from_id``."""
+
+    lane: str
+    peers: frozenset[str]
+    from_id: int
+    room: int
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one look asks of the store (taken on the loop, read in a store thread)."""
+
+    now: float
+    after_id: int | None  # None: the first look (start at the first pending row)
+    due_since: tuple[float, int] | None  # (next_attempt_at, id) already looked at
+    ended: frozenset[str]
+    fills: tuple[Fill, ...]
+    busy: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Found:
+    items: list[OutboxItem]  # candidates, each once, oldest id first, none of ``busy``
+    after_id: int
+    due_since: tuple[float, int]
+    more: bool  # a page or a window was full: look again at once
+    filled: dict[str, tuple[int, int]]  # lane -> (heads found for it, the last one's id)
+    next_at: float | None
+
+
+def look(db: Tx, ask: Ask) -> Found:
+    """One look (a store read job): see the module docstring."""
+    now = ask.now
+    after = service.outbox_start_id(db) if ask.after_id is None else ask.after_id
+    new, last, more = service.outbox_after(db, after, now, PAGE)
+    if ask.due_since is None:  # the first look: what is due now is among the rows after ``after``
+        due: list[OutboxItem] = []
+        since = (now, _LAST_ID)
+    else:
+        due = service.outbox_fell_due(db, ask.due_since, now, PAGE)
+        full = len(due) >= PAGE
+        since = (due[-1].next_attempt_at, due[-1].id) if full else (now, _LAST_ID)
+        more = more or full
+    ended = service.outbox_heads(db, ask.ended, now) if ask.ended else []
+    filled: dict[str, tuple[int, int]] = {}
+    fills: list[OutboxItem] = []
+    for f in ask.fills:
+        heads = service.outbox_peer_heads(db, f.peers, f.from_id, now, ask.busy, f.room)
+        filled[f.lane] = (len(heads), heads[-1].id if heads else f.from_id)
+        fills += heads
+    seen: dict[int, OutboxItem] = {}
+    for item in [*fills, *ended, *due, *new]:
+        if item.queue not in ask.busy:
+            seen.setdefault(item.id, item)
+    items = sorted(seen.values(), key=lambda i: i.id)
+    return Found(items, last, since, more, filled, service.next_outbox_at(db, now))
+
+
+@dataclass
+class HeadFinder:
+    """The cursors of the looks, the queues whose send ended, the lanes with heads waiting."""
+
+    after_id: int | None = None
+    due_since: tuple[float, int] | None = None
+    ended: set[str] = field(default_factory=set)
+    #: lane -> the lowest id from which it may have due heads it turned away
+    waiting: dict[str, int] = field(default_factory=dict)
+    #: lane -> the peer ids whose rows were seen in it
+    peers: dict[str, set[str]] = field(default_factory=dict)
+
+    def ask(self, now: float, busy: frozenset[str], rooms: dict[str, int]) -> Ask:
+        """A look at ``now``; ``rooms``: lanes that admit sends now, and how many."""
+        fills = tuple(
+            Fill(lane, frozenset(self.peers.get(lane, ())), from_id, rooms[lane])
+            for lane, from_id in sorted(self.waiting.items())
+            if rooms.get(lane, 0) > 0
+        )
+        return Ask(now, self.after_id, self.due_since, frozenset(self.ended), fills, busy)
+
+    def update(self, ask: Ask, found: Found) -> None:
+        """Move the cursors past what ``found`` covered (before its items are started)."""
+        self.after_id = found.after_id
+        self.due_since = found.due_since
+        self.ended -= ask.ended
+        for f in ask.fills:
+            count, last = found.filled.get(f.lane, (0, f.from_id))
+            if count < f.room:
+                self.waiting.pop(f.lane, None)  # every head it had waiting was found
+            else:
+                self.waiting[f.lane] = last + 1
+
+    def seen(self, lane: str, item: OutboxItem) -> None:
+        self.peers.setdefault(lane, set()).add(item.peer or "")
+
+    def turned_away(self, lane: str, item: OutboxItem) -> None:
+        """``lane`` could not take ``item`` now: look for it again when the lane has room."""
+        self.waiting[lane] = min(self.waiting.get(lane, _LAST_ID), item.id)
