@@ -33,6 +33,7 @@ from masd.edges.outbox import Outbox
 from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
 from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
+from masd.feed import FeedWatch
 from masd.metrics import Metrics
 from masd.service import PURGE_BATCH, Runtime, Wakes, purge
 from masd.store import Store
@@ -76,16 +77,18 @@ class Wakeup:
     The app's :class:`~masd.service.CommitListener`: the edges tell it each
     committed job's :class:`~masd.service.Wakes`; the outbox is woken only
     when rows were queued, the timer only for a deadline sooner than the one
-    it sleeps until.
+    it sleeps until.  The event feed hears of every commit.
     """
 
     def __init__(self) -> None:
         self.outbox: Outbox | None = None
         self.timer: DeadlineTimer | None = None
+        self.feed = FeedWatch()
 
     def committed(self, wakes: Wakes) -> None:
+        self.feed.poke()
         if wakes.outbox and self.outbox is not None:
-            self.outbox.wake()
+            self.outbox.wake(wakes.queues)
         if wakes.deadline is not None and self.timer is not None:
             self.timer.wake_for(wakes.deadline)
 
@@ -171,7 +174,7 @@ class App:
                 max_sessions=server.max_lmtp_sessions,
             )
             started.callback(lmtp.close)
-            self.http_edge = HttpEdge(ctx)
+            self.http_edge = HttpEdge(ctx, feed=self.wakeup.feed)
             limits = HttpLimits(max_connections=server.max_http_connections)
             http = await start_http(
                 server.http, self.http_edge, sock=inherited.get("http"), limits=limits

@@ -8,7 +8,10 @@ from pathlib import Path
 import click
 
 from masd import __version__
-from masd.config import Config, ConfigErrors, format_summary, load_config
+from masd.cli_common import CONFIG as _CONFIG
+from masd.cli_common import load as _load
+from masd.cli_watch import case, explain, queue, tail
+from masd.config import format_summary
 from masd.core.errors import MasdError
 
 
@@ -29,31 +32,6 @@ def check_config(file: Path) -> None:
     """
     config = _load(file)
     click.echo(format_summary(config))
-
-
-def _load(file: Path) -> Config:
-    """The config, or every error on stderr and exit status 1."""
-    try:
-        config = load_config(file)
-    except ConfigErrors as exc:
-        for error in exc.errors:
-            click.echo(str(error), err=True)
-        count = len(exc.errors)
-        click.echo(f"masd: {count} error{'s' if count != 1 else ''} in {file}", err=True)
-        raise SystemExit(1) from None
-    for warning in config.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    return config
-
-
-_CONFIG = click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("/etc/masd/masd.toml"),
-    show_default=True,
-    help="The masd TOML file.",
-)
 
 
 @main.command()
@@ -196,55 +174,6 @@ def db_backup(config_file: Path, dest: Path) -> None:
 
 
 @main.group()
-def case() -> None:
-    """Read cases and their threads (PROFILE §11)."""
-
-
-@case.command("show")
-@_CONFIG
-@click.argument("key")
-def case_show(config_file: Path, key: str) -> None:
-    """Print the case KEY (its address or equivalence key) and its thread as a timeline."""
-    from masd.core.address import parse_address
-    from masd.core.errors import AddressError
-    from masd.readside import case_json, format_case, thread_json
-    from masd.store import Store
-
-    config = _load(config_file)
-    try:
-        key = parse_address(key, delimiter="").key
-    except AddressError as exc:
-        click.echo(f"masd: {key}: {exc.detail}", err=True)
-        raise SystemExit(1) from None
-    with Store.open(config.server.database) as store:
-        found = store.read_sync(lambda db: case_json(db, key))
-        if found is None:
-            click.echo(f"masd: no case {key}", err=True)
-            raise SystemExit(1)
-        thread = store.read_sync(lambda db: thread_json(db, key, 0, 100_000))
-    click.echo(format_case(found, thread))
-
-
-@case.command("list")
-@_CONFIG
-@click.option("--limit", default=50, show_default=True, help="How many cases, newest first.")
-@click.option("--domain", default=None, help="Only cases of this domain.")
-def case_list(config_file: Path, limit: int, domain: str | None) -> None:
-    """List the newest cases: key, role, participant, latest handoff (mode:status)."""
-    from masd.readside import list_cases
-    from masd.store import Store
-
-    config = _load(config_file)
-    with Store.open(config.server.database) as store:
-        rows = store.read_sync(lambda db: list_cases(db, limit, domain))
-    for row in rows:
-        handoff = row.get("handoff")
-        latest = f"{handoff['mode']}:{handoff['status']}" if handoff else "-"
-        fields = (row.get("key"), row.get("role"), row.get("participant"), latest)
-        click.echo("  ".join(str(f or "-") for f in fields))
-
-
-@main.group()
 def conformance() -> None:
     """The conformance suite (CONTRACT §7): play a role's flows against an implementation."""
 
@@ -320,3 +249,8 @@ def conformance_coverage(flows_dir: Path | None) -> None:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(2) from None
     click.echo(table(flows), nl=False)
+
+
+# The operator's view (docs/operations.md, "Watching masd").
+for _command in (case, tail, queue, explain):
+    main.add_command(_command)

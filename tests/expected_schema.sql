@@ -129,13 +129,28 @@ CREATE TABLE outbox (
     state           TEXT NOT NULL DEFAULT 'pending'
                     CHECK (state IN ('pending', 'done', 'failed', 'abandoned')),
     deliver_until   REAL NOT NULL
-) STRICT;
+, done_at REAL) STRICT;
 
 -- index outbox_due
 CREATE INDEX outbox_due ON outbox (state, next_attempt_at);
 
 -- index outbox_queue
 CREATE INDEX outbox_queue ON outbox (queue, id) WHERE state = 'pending';
+
+-- table outbox_sent
+CREATE TABLE outbox_sent (
+    id       INTEGER PRIMARY KEY NOT NULL,
+    attempts INTEGER NOT NULL CHECK (attempts >= 0),
+    done_at  REAL
+) STRICT;
+
+-- trigger outbox_sent_kept
+CREATE TRIGGER outbox_sent_kept AFTER DELETE ON outbox
+    WHEN old.state = 'done' AND old.case_key IS NOT NULL
+BEGIN
+    INSERT OR REPLACE INTO outbox_sent (id, attempts, done_at)
+        VALUES (old.id, old.attempts, old.done_at);
+END;
 
 -- table send_log
 CREATE TABLE send_log (
@@ -162,11 +177,12 @@ CREATE TABLE statuses (
 
 -- table thread
 CREATE TABLE thread (
+    pos      INTEGER PRIMARY KEY,
     case_key TEXT NOT NULL REFERENCES cases (key),
     seq      INTEGER NOT NULL CHECK (seq >= 1),
     kind     TEXT NOT NULL CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.in', 'mail.out', 'mail.refused', 'status')),
     at       REAL NOT NULL,
     data     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
-    PRIMARY KEY (case_key, seq)
+    UNIQUE (case_key, seq)
 ) STRICT;
 

@@ -799,16 +799,23 @@ def test_readside_functions_and_operator_text(tmp_path: Path) -> None:
         assert any("  contract.out " in line and "handoff.request" in line for line in lines)
         assert any("  mail.out " in line and "to alice@example.com" in line for line in lines)
         assert len([line for line in lines if re.match(r"\d{4}-", line)]) == len(thread["entries"])
-        cases = await r.store.read(lambda db: readside.list_cases(db, 10))
+        doc = await r.store.read(lambda db: readside.cases_json(db, None, 10))
+        cases = doc["cases"]
         assert [c["key"] for c in cases] == ["ticket=gs-2@help.example", key]
-        assert cases[1]["handoff"] == {
+        assert cases[1]["open_handoff"] == {
             "handoff_id": hid,
             "mode": "callback",
             "status": "negotiating",
         }
-        assert cases[0]["handoff"] is None
-        assert await r.store.read(lambda db: readside.list_cases(db, 10, "other.example")) == []
-        assert len(await r.store.read(lambda db: readside.list_cases(db, 1, "help.example"))) == 1
+        assert cases[0]["open_handoff"] is None
+        other = readside.CaseFilter(domain="other.example")
+        assert (await r.store.read(lambda db: readside.cases_json(db, None, 10, other)))[
+            "cases"
+        ] == []
+        mine = readside.CaseFilter(domain="help.example")
+        one = await r.store.read(lambda db: readside.cases_json(db, None, 1, mine))
+        assert len(one["cases"]) == 1
+        assert one["next"] is not None
 
     run(tmp_path, body)
 

@@ -37,6 +37,7 @@ TABLES = {
     "statuses",
     "thread",
     "outbox",
+    "outbox_sent",
     "idempotency",
     "send_log",
     "masd_migrations",
@@ -137,21 +138,25 @@ def test_extra_migration_sql_and_callable(tmp_path: Path) -> None:
     def add_note(db: Database) -> None:
         db.execute("INSERT INTO note (text) VALUES ('a; b')")
 
+    last = MIGRATIONS[-1].version
     extended = [
         *MIGRATIONS,
         Migration(
-            2, "note", "CREATE TABLE note (text TEXT); CREATE INDEX note_text ON note (text);"
+            last + 1,
+            "note",
+            "CREATE TABLE note (text TEXT); CREATE INDEX note_text ON note (text);",
         ),
-        Migration(3, "note-row", add_note),
+        Migration(last + 2, "note-row", add_note),
     ]
-    assert migrate(path, migrations=extended) == ["initial", "note", "note-row"]
+    names = [m.name for m in MIGRATIONS]
+    assert migrate(path, migrations=extended) == [*names, "note", "note-row"]
     assert migrate(path, migrations=extended) == []
     with _raw(path) as conn:
         assert conn.execute("SELECT text FROM note").fetchall() == [("a; b",)]
     # This masd knows only MIGRATIONS: the database is newer, so it is refused.
     with pytest.raises(StoreError) as err:
         Store.open(path)
-    assert "version 3" in err.value.detail
+    assert f"version {last + 2}" in err.value.detail
     assert f"version {MIGRATIONS[-1].version}" in err.value.detail
     assert err.value.code == "store-unavailable"
 
@@ -174,7 +179,8 @@ def test_refuses_newer_recorded_version(tmp_path: Path) -> None:
         conn.execute("INSERT INTO masd_migrations VALUES (99, 'from-the-future', 0)")
         conn.commit()
     for migrate_on_open in (True, False):
-        with pytest.raises(StoreError, match=r"version 99 .*newer than version 1"):
+        newer = rf"version 99 .*newer than version {MIGRATIONS[-1].version}"
+        with pytest.raises(StoreError, match=newer):
             Store.open(path, migrate=migrate_on_open)
     with pytest.raises(StoreError, match="version 99"):
         migrate(path)
@@ -192,20 +198,22 @@ def test_refuses_renamed_migration(tmp_path: Path) -> None:
 
 def test_failed_migration_rolls_back_whole(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
+    last = MIGRATIONS[-1].version
     broken = [
         *MIGRATIONS,
-        Migration(2, "broken", "CREATE TABLE half (x); INSERT INTO nope VALUES (1);"),
+        Migration(last + 1, "broken", "CREATE TABLE half (x); INSERT INTO nope VALUES (1);"),
     ]
-    with pytest.raises(StoreError, match=r"migration 2 \(broken\) failed.*no such table: nope"):
+    failed = rf"migration {last + 1} \(broken\) failed.*no such table: nope"
+    with pytest.raises(StoreError, match=failed):
         migrate(path, migrations=broken)
     with _raw(path) as conn:
-        assert conn.execute("SELECT max(version) FROM masd_migrations").fetchone()[0] == 1
+        assert conn.execute("SELECT max(version) FROM masd_migrations").fetchone()[0] == last
         assert conn.execute("SELECT name FROM sqlite_schema WHERE name = 'half'").fetchall() == []
 
 
 def test_open_without_migrate_needs_current_schema(tmp_path: Path) -> None:
     path = tmp_path / "fresh.db"
-    with pytest.raises(StoreError, match=r"schema version 0.*pending migrations \['initial'\]"):
+    with pytest.raises(StoreError, match=r"schema version 0.*pending migrations \['initial', "):
         Store.open(path, migrate=False)
     migrate(path)
     s = Store.open(path, migrate=False)

@@ -46,6 +46,7 @@ Decisions where the profile is silent (each is tested in tests/test_trust.py):
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -373,6 +374,17 @@ def _parse_dmarc(first_piece: str, resinfo: str) -> _Dmarc:
     return _Dmarc("permerror", None)
 
 
+def trusted_block(headers: Sequence[tuple[str, str]], settings: TrustSettings) -> int:
+    """How many headers, from the top, masd believes: up to the first
+    ``Received`` not added by a trusted host (PROFILE §3, decision 1)."""
+    for i, (name, value) in enumerate(headers):
+        if name.lower() == "received":
+            host = received_by(value)
+            if host is None or host not in settings.trusted_hosts:
+                return i
+    return len(headers)
+
+
 def read_auth(
     headers: Sequence[tuple[str, str]],
     from_addresses: Sequence[str],
@@ -385,13 +397,8 @@ def read_auth(
     """
     found: _Dmarc | None = None
     found_id: str | None = None
-    for name, value in headers:
-        lname = name.lower()
-        if lname == "received":
-            host = received_by(value)
-            if host is None or host not in settings.trusted_hosts:
-                break  # decision 1: the trusted block ends here
-        elif lname == "authentication-results":
+    for name, value in itertools.islice(headers, trusted_block(headers, settings)):
+        if name.lower() == "authentication-results":
             pieces = split_resinfo(value)
             sid = _authserv_id(pieces[0])
             if sid is None or sid not in settings.trusted_authserv_ids:

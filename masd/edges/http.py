@@ -46,6 +46,7 @@ from masd.core.errors import WireError
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.sockets import ListenError, serve
+from masd.feed import FeedWatch
 from masd.metrics import store_gauges
 from masd.peers import Principal
 from masd.store import StoreError
@@ -80,6 +81,8 @@ REPLIES: Final[Mapping[str, int]] = MappingProxyType(
         "too-large": 413,
         "invalid-message": 400,  # read side: a bad query parameter
         "unknown-case": 404,  # read side
+        "unknown-item": 404,  # the outbound queue (masd.queue)
+        "wrong-state": 409,  # the outbound queue: an item already sent or withdrawn
         "not-found": 404,
         "method-not-allowed": 405,
         "expectation-failed": 417,
@@ -120,12 +123,15 @@ def _envelope_refs(env: wire.Envelope) -> tuple[object, object]:
 class HttpEdge:
     """The request handlers; :meth:`app` builds the aiohttp application."""
 
-    def __init__(self, ctx: EdgeContext) -> None:
+    def __init__(self, ctx: EdgeContext, feed: FeedWatch | None = None) -> None:
+        """``feed``: told of every commit (the app's); by default the event feed
+        looks for new entries every second."""
         self.rt = ctx.rt
         self.store = ctx.store
         self.clock = ctx.clock
         self.metrics = ctx.metrics
         self.on_commit = ctx.listener
+        self.feed = feed or FeedWatch()
 
     def app(self, gate: Gate | None = None) -> web.Application:
         """The application; ``gate`` (the listener's) is told when each request
@@ -137,6 +143,9 @@ class HttpEdge:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get(CASES_PATH + "/{key}", self._case)
         app.router.add_get(CASES_PATH + "/{key}/thread", self._thread)
+        from masd.edges.http_read import ReadRoutes  # it builds on this module
+
+        ReadRoutes(self, self.feed).add(app)
         if isinstance(self.clock, TestClock):
             # Only with `masd serve --test-clock`, which requires loopback listeners.
             app.router.add_post(CLOCK_PATH, self._tick)
@@ -305,7 +314,7 @@ class HttpEdge:
 
     # ------------------------------------------------------------------ read side
 
-    def _admin(self, request: web.Request) -> web.Response | None:
+    def admin_refusal(self, request: web.Request) -> web.Response | None:
         """PROFILE §11: the read side needs the admin secret, else 401."""
         token = self.rt.config.server.admin_token
         if token is None:
@@ -321,7 +330,7 @@ class HttpEdge:
         return None
 
     async def _case(self, request: web.Request) -> web.Response:
-        if (denied := self._admin(request)) is not None:
+        if (denied := self.admin_refusal(request)) is not None:
             return denied
         key = request.match_info["key"]
         try:
@@ -333,11 +342,11 @@ class HttpEdge:
         return web.json_response(doc)
 
     async def _thread(self, request: web.Request) -> web.Response:
-        if (denied := self._admin(request)) is not None:
+        if (denied := self.admin_refusal(request)) is not None:
             return denied
         key = request.match_info["key"]
-        after = _int_param(request, "after", 0, 0, 2**63 - 1)
-        limit = _int_param(request, "limit", readside.DEFAULT_LIMIT, 1, readside.MAX_LIMIT)
+        after = int_param(request, "after", 0, 0, 2**63 - 1)
+        limit = int_param(request, "limit", readside.DEFAULT_LIMIT, 1, readside.MAX_LIMIT)
         for name, value in (("after", after), ("limit", limit)):
             if isinstance(value, str):
                 return refusal("invalid-message", f"{name}: {value}")
@@ -353,7 +362,7 @@ class HttpEdge:
 
     async def _tick(self, request: web.Request) -> web.Response:
         """The test clock: ``POST {"advance": seconds}`` moves masd's time forward."""
-        if (denied := self._admin(request)) is not None:
+        if (denied := self.admin_refusal(request)) is not None:
             return denied
         assert isinstance(self.clock, TestClock)
         if request.method == "POST":
@@ -376,7 +385,7 @@ class HttpEdge:
         return web.json_response({"ok": True, "now": self.clock.now()})
 
 
-def _int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int | str:
+def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int | str:
     """The integer query parameter ``name``, or a text saying why it is refused."""
     text = request.query.get(name)
     if text is None:

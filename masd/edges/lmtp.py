@@ -34,7 +34,13 @@ from masd.core.trust import TrustSettings
 from masd.doctor import TrustWatch
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
-from masd.edges.lmtp_replies import MAX_DETAIL, RecipientReplies, Replies, ReplyCode
+from masd.edges.lmtp_replies import (
+    MAX_DETAIL,
+    RecipientReplies,
+    Replies,
+    ReplyCode,
+    address_refusal,
+)
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
 from masd.service import Runtime, UnknownCase
@@ -261,7 +267,7 @@ class LmtpHandler:
         except UnknownCase as exc:
             reply, text = Replies.UNKNOWN_CASE, exc.detail
         except AddressError as exc:
-            reply, text = _address_refusal(exc), exc.detail
+            reply, text = address_refusal(exc), exc.detail
         except MasdError as exc:
             log.error("rcpt=%s not recorded: %s", rcpt, exc, exc_info=exc)
             reply, text = Replies.FAULT, f"temporary failure ({exc.code}), try again later"
@@ -313,7 +319,7 @@ async def check_recipient(rt: Runtime, store: Store, rcpt: str) -> tuple[ReplyCo
             rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
         )
     except AddressError as exc:
-        return _address_refusal(exc), exc.detail
+        return address_refusal(exc), exc.detail
     typ = config.type_for(addr.domain, addr.type)
     if typ is None:
         return Replies.UNKNOWN_TYPE, f"type: no type {addr.type!r} at {addr.domain}"
@@ -338,10 +344,6 @@ def new_message_ref(now: float) -> str:
     """
     millis = int(now * 1000) % (1 << 48)
     return f"msg-{millis:012x}{secrets.token_hex(10)}"
-
-
-def _address_refusal(exc: AddressError) -> ReplyCode:
-    return Replies.UNKNOWN_DOMAIN if exc.code == "unknown-domain" else Replies.BAD_ADDRESS
 
 
 class LmtpListenError(ListenError):

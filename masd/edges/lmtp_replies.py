@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from masd.core.errors import AddressError
+
 #: Longest detail text put in a reply line (RFC 5321 §4.5.3.1.5: 512 octets a line).
 MAX_DETAIL: Final = 400
 
@@ -42,6 +44,11 @@ class Replies:
     LINE_TOO_LONG: Final = ReplyCode(554, "5.6.0", "line-too-long")
     FAULT: Final = ReplyCode(451, "4.3.0", "fault")
     TOO_MANY_SESSIONS: Final = ReplyCode(421, "4.3.2", "too-many-sessions")
+
+
+def address_refusal(exc: AddressError) -> ReplyCode:
+    """The reply to a recipient address masd refuses (PROFILE §2)."""
+    return Replies.UNKNOWN_DOMAIN if exc.code == "unknown-domain" else Replies.BAD_ADDRESS
 
 
 _PRINTABLE: Final = re.compile(r"[ -~]*")

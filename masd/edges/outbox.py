@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import re
+from collections.abc import Iterable
 from typing import Any, Final
 
 from masd import service
@@ -86,6 +87,7 @@ class Outbox:
         self._http = http or ContractClient(timeout=http_timeout)
         self._lanes = Lanes(lambda key: relay_in_flight if key == RELAY else peer_in_flight)
         self._heads = HeadFinder()
+        self._requeued: set[str] = set()  # queues to look at again, from the next look on
         self._stop_grace = stop_grace
         self._wake = asyncio.Event()
         self._halt = asyncio.Event()  # set by stop(): ends the pauses of kept outcomes
@@ -100,9 +102,11 @@ class Outbox:
             raise RuntimeError("Outbox already started")
         self._task = asyncio.create_task(self._run(), name="masd-outbox")
 
-    def wake(self) -> None:
-        """Look at the outbox now (new rows may have been committed)."""
+    def wake(self, queues: Iterable[str] = ()) -> None:
+        """Look at the outbox now (new rows may have been committed), and at the
+        heads of ``queues`` (an operator made one due now, or dropped it)."""
         self._metrics.inc(WAKES_METRIC)
+        self._requeued.update(queues)
         self._wake.set()
 
     async def stop(self) -> None:
@@ -126,6 +130,9 @@ class Outbox:
     async def _run(self) -> None:
         while not self._stopping:
             self._wake.clear()  # before reading: a wake from now on is not lost
+            # Not into a look under way: it may have read those heads before they changed.
+            self._heads.ended |= self._requeued
+            self._requeued = set()
             now = self._clock.now()
             ask = self._heads.ask(now, frozenset(self._in_flight), self._lanes.rooms(now))
             try:

@@ -97,11 +97,13 @@ class _Applying:
     def thread(self, kind: str, data: dict[str, Any]) -> None:
         append_thread(self.tx, self.case.key, kind, data, at=self.now)
 
-    def queue(self, row: outbox.NewRow) -> None:
-        """One outbox row; rows of one ``queue`` are delivered in order (PROFILE §7)."""
+    def queue(self, row: outbox.NewRow) -> int:
+        """One outbox row; rows of one ``queue`` are delivered in order (PROFILE §7).
+        Returns its id, which the thread entry recording the send names."""
         retry_for = self.job.rt.config.server.retry_for
-        outbox.queue(self.tx, row, self.now, self.now + retry_for)
+        outbox_id = outbox.queue(self.tx, row, self.now, self.now + retry_for)
         self.queued = True  # the job's Wakes: the outbox has work once it commits
+        return outbox_id
 
     def result(self) -> Applied:
         wakes = NO_WAKES
@@ -191,16 +193,18 @@ def _status(ap: _Applying, s: Status) -> None:
 def _send_contract(ap: _Applying, s: SendContract) -> None:
     case = ap.case
     message = dict(s.message)
-    ap.queue(outbox.NewRow("contract", f"{case.key}|{s.peer}", s.peer, case.key, s.url, message))
+    row = outbox.NewRow("contract", f"{case.key}|{s.peer}", s.peer, case.key, s.url, message)
+    outbox_id = ap.queue(row)
     entry: dict[str, Any] = {"type": message["type"], "id": message["id"], "peer": s.peer}
     entry["handoff_id"] = s.handoff_id
     if "forwarded" in message:  # handoff.requested: was the request passed on
         entry["forwarded"] = message["forwarded"]
+    entry["outbox_id"] = outbox_id
     ap.thread("contract.out", entry)
 
 
 def _abandon_request(ap: _Applying, e: AbandonRequest) -> None:
-    for outbox_id, mid in outbox.abandon_requests(ap.tx, ap.case.key, e.handoff_id):
+    for outbox_id, mid in outbox.abandon_requests(ap.tx, ap.case.key, e.handoff_id, at=ap.now):
         ap.thread(
             "delivery.failed",
             {
@@ -355,7 +359,7 @@ def _queue_mail(ap: _Applying, s: SendMail, original: _Original) -> None:
         "domain": case.domain,
         "message": raw.decode("utf-8"),
     }
-    ap.queue(outbox.NewRow("mail", f"{case.key}|smtp", "smtp", case.key, None, payload))
+    outbox_id = ap.queue(outbox.NewRow("mail", f"{case.key}|smtp", "smtp", case.key, None, payload))
     cases.count_send(ap.tx, case.key, to.lower(), ap.now)
     ap.thread(
         "mail.out",
@@ -367,6 +371,7 @@ def _queue_mail(ap: _Applying, s: SendMail, original: _Original) -> None:
             "in_reply_to": original.message_ref,
             "auto_submitted": s.auto_submitted,
             "body": s.body,
+            "outbox_id": outbox_id,
         },
     )
     # The outbox logs the attempt to send it (``outbox sent|retry|gave-up``).

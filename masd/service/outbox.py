@@ -29,7 +29,7 @@ next_outbox_at = rows.next_due_at
 
 
 def outbox_done(tx: Tx, item_id: int, now: float) -> None:
-    rows.done(tx, item_id)
+    rows.done(tx, item_id, at=now)
 
 
 def backoff(attempts: int, rng: random.Random | None = None) -> float:
@@ -57,7 +57,7 @@ def outbox_failed(rt: Runtime, tx: Tx, item: OutboxItem, detail: str, now: float
     """PROFILE §7: "4xx: not retried; recorded in the thread as a failed delivery
     (a refused handoff.request records failed with the detail and resumes by
     email)".  Returns what it woke (a resume mail, a status to the master)."""
-    rows.failed(tx, item.id, detail[:1000])
+    rows.failed(tx, item.id, detail[:1000], at=now)
     if not item.case_key:
         return NO_WAKES
     case = load_case(rt, tx, item.case_key)

@@ -151,10 +151,17 @@ class Wakes:
 
     outbox: bool = False
     deadline: float | None = None
+    #: Queues whose head the job changed without queuing a row (an operator's
+    #: retry or drop, :mod:`masd.queue`): the outbox looks at them again.
+    queues: frozenset[str] = frozenset()
 
     def __or__(self, other: Wakes) -> Wakes:
         deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
-        return Wakes(self.outbox or other.outbox, min(deadlines) if deadlines else None)
+        return Wakes(
+            self.outbox or other.outbox,
+            min(deadlines) if deadlines else None,
+            self.queues | other.queues,
+        )
 
     @staticmethod
     def union(wakes: Iterable[Wakes]) -> Wakes:

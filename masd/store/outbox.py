@@ -41,11 +41,12 @@ class NewRow:
     payload: Mapping[str, Any]
 
 
-def queue(tx: Tx, row: NewRow, now: float, deliver_until: float) -> None:
-    run(
+def queue(tx: Tx, row: NewRow, now: float, deliver_until: float) -> int:
+    """Queue ``row``; its outbox id (a thread entry names its row by it)."""
+    found = tuples(
         tx,
         "INSERT INTO outbox (kind, queue, peer, case_key, url, payload, created_at, "
-        "next_attempt_at, deliver_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "next_attempt_at, deliver_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
         (
             row.kind,
             row.queue,
@@ -58,16 +59,20 @@ def queue(tx: Tx, row: NewRow, now: float, deliver_until: float) -> None:
             deliver_until,
         ),
     )
+    return int(found[0][0])
 
 
-def abandon_requests(tx: Tx, case_key: str, handoff_id: str) -> list[tuple[int, str]]:
+def abandon_requests(
+    tx: Tx, case_key: str, handoff_id: str, at: float | None = None
+) -> list[tuple[int, str]]:
     """Withdraw the pending handoff.request of ``handoff_id``: (outbox id, message id) each."""
     found = tuples(
         tx,
-        "UPDATE outbox SET state = 'abandoned' WHERE state = 'pending' AND kind = 'contract' "
-        "AND case_key = ? AND json_extract(payload, '$.type') = 'handoff.request' "
+        "UPDATE outbox SET state = 'abandoned', done_at = ? WHERE state = 'pending' "
+        "AND kind = 'contract' AND case_key = ? "
+        "AND json_extract(payload, '$.type') = 'handoff.request' "
         "AND json_extract(payload, '$.handoff_id') = ? RETURNING id, json_extract(payload, '$.id')",
-        (case_key, handoff_id),
+        (at, case_key, handoff_id),
     )
     return [(int(oid), str(mid)) for oid, mid in found]
 
@@ -171,11 +176,13 @@ def next_due_at(tx: Tx, now: float) -> float | None:
     return None if at is None else float(at)
 
 
-def done(tx: Tx, item_id: int) -> None:
+def done(tx: Tx, item_id: int, at: float | None = None) -> None:
+    """Delivered (``at``: when, the read side's ``done_at``)."""
     run(
         tx,
-        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL WHERE id = ?",
-        (item_id,),
+        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "
+        "done_at = ? WHERE id = ?",
+        (at, item_id),
     )
 
 
@@ -188,9 +195,11 @@ def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:
     )
 
 
-def failed(tx: Tx, item_id: int, detail: str) -> None:
+def failed(tx: Tx, item_id: int, detail: str, at: float | None = None) -> None:
+    """Given up (``at``: when, the read side's ``done_at``)."""
     run(
         tx,
-        "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ? WHERE id = ?",
-        (detail, item_id),
+        "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ?, "
+        "done_at = ? WHERE id = ?",
+        (detail, at, item_id),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from masd.store.sql import Tx, one, rows, tuples
+from masd.store.sql import Tx, one, rows
 
 
 def case(tx: Tx, key: str) -> dict[str, Any] | None:
@@ -17,17 +17,6 @@ def handoffs(tx: Tx, key: str) -> list[dict[str, Any]]:
     return rows(
         tx, "SELECT * FROM handoffs WHERE case_key = ? ORDER BY requested_at, rowid", (key,)
     )
-
-
-def thread(tx: Tx, key: str, after: int, limit: int) -> list[tuple[int, str, float, str]]:
-    """(seq, kind, at, data) of the entries of case ``key`` with ``seq > after``."""
-    found = tuples(
-        tx,
-        "SELECT seq, kind, at, data FROM thread WHERE case_key = ? AND seq > ? "
-        "ORDER BY seq LIMIT ?",
-        (key, after, limit),
-    )
-    return [(int(s), str(k), float(a), str(d)) for s, k, a, d in found]
 
 
 def latest_cases(tx: Tx, limit: int, domain: str | None) -> list[dict[str, Any]]:

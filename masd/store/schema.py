@@ -185,4 +185,69 @@ CREATE TABLE send_log (
 CREATE INDEX send_log_recipient ON send_log (recipient, at);
 """  # noqa: E501
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "initial", INITIAL),)
+#: Migration 2, as released: the read side's positions and delivery records.
+#:
+#: - ``thread.pos`` (``INTEGER PRIMARY KEY``, the rowid) numbers every entry of
+#:   every case in commit order: the event feed's cursor.  Thread rows are never
+#:   deleted, so a position is never given twice; as the rowid alias it survives
+#:   ``VACUUM``, which may renumber a rowid that has no name.  The table is built
+#:   anew with each entry at the position its rowid had.
+#: - ``outbox.done_at``: when a row was delivered, failed or withdrawn.
+#: - ``outbox_sent``: what is kept of a delivered row once housekeeping deletes
+#:   it (the trigger ``outbox_sent_kept``), so its entry still reads ``sent``.
+#: - ``mail.out`` and ``contract.out`` entries name their row (``outbox_id``);
+#:   the entries written before this migration are linked here: a contract
+#:   message by its id, a mail by its Message-ID.
+READ_SIDE = """
+ALTER TABLE thread RENAME TO thread_v1;
+
+CREATE TABLE thread (
+    pos      INTEGER PRIMARY KEY,
+    case_key TEXT NOT NULL REFERENCES cases (key),
+    seq      INTEGER NOT NULL CHECK (seq >= 1),
+    kind     TEXT NOT NULL CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.in', 'mail.out', 'mail.refused', 'status')),
+    at       REAL NOT NULL,
+    data     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
+    UNIQUE (case_key, seq)
+) STRICT;
+
+INSERT INTO thread (pos, case_key, seq, kind, at, data)
+    SELECT rowid, case_key, seq, kind, at, data FROM thread_v1 ORDER BY rowid;
+
+DROP TABLE thread_v1;
+
+ALTER TABLE outbox ADD COLUMN done_at REAL;
+
+CREATE TABLE outbox_sent (
+    id       INTEGER PRIMARY KEY NOT NULL,
+    attempts INTEGER NOT NULL CHECK (attempts >= 0),
+    done_at  REAL
+) STRICT;
+
+CREATE TRIGGER outbox_sent_kept AFTER DELETE ON outbox
+    WHEN old.state = 'done' AND old.case_key IS NOT NULL
+BEGIN
+    INSERT OR REPLACE INTO outbox_sent (id, attempts, done_at)
+        VALUES (old.id, old.attempts, old.done_at);
+END;
+
+UPDATE thread SET data = json_set(thread.data, '$.outbox_id', m.id)
+    FROM (SELECT t.pos AS pos, MIN(o.id) AS id FROM thread t JOIN outbox o
+          ON o.case_key = t.case_key AND o.kind = 'contract'
+          AND json_extract(o.payload, '$.id') = json_extract(t.data, '$.id')
+          WHERE t.kind = 'contract.out' GROUP BY t.pos) AS m
+    WHERE thread.pos = m.pos;
+
+UPDATE thread SET data = json_set(thread.data, '$.outbox_id', m.id)
+    FROM (SELECT t.pos AS pos, MIN(o.id) AS id FROM thread t JOIN outbox o
+          ON o.case_key = t.case_key AND o.kind = 'mail'
+          AND instr(json_extract(o.payload, '$.message'),
+                    'Message-ID: ' || json_extract(t.data, '$.message_id')) > 0
+          WHERE t.kind = 'mail.out' GROUP BY t.pos) AS m
+    WHERE thread.pos = m.pos;
+"""  # noqa: E501
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "initial", INITIAL),
+    Migration(2, "read-side", READ_SIDE),
+)

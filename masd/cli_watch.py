@@ -1,0 +1,365 @@
+"""The operator's commands: ``masd case``, ``masd tail``, ``masd queue``, ``masd explain``.
+
+Reading commands open the store read-only beside a running masd (WAL: they
+never wait for its writer) and never migrate it.  ``masd queue retry`` and
+``drop`` ask the running masd through its admin API, so its outbox acts at
+once; when no masd answers they change the store themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import click
+
+from masd.cli_common import CONFIG, DEFAULT_CONFIG, load
+
+if TYPE_CHECKING:
+    from masd.admin_client import Answer
+    from masd.config import Config
+    from masd.store import Store
+
+#: How often ``masd tail --follow`` looks for new events.
+TAIL_POLL_SECONDS = 0.25
+OUTBOX_PATH = "/mas/v0.1/admin/outbox"
+
+
+def _read_store(config: Config) -> Store:
+    """The store, opened to read: never migrated here (``masd db migrate`` does that)."""
+    from masd.store import Store, StoreError
+
+    try:
+        return Store.open(config.server.database, migrate=False)
+    except StoreError as exc:
+        click.echo(f"masd: {exc}", err=True)
+        raise SystemExit(1) from None
+
+
+def _one_case(store: Store, name: str) -> str:
+    """The key of the one case ``name`` names (address, key or id), or exit 1 saying why."""
+    from masd.core.address import parse_address
+    from masd.core.errors import AddressError
+    from masd.readside import keys_named
+
+    if "@" in name:
+        try:
+            parse_address(name, delimiter="")
+        except AddressError as exc:
+            click.echo(f"masd: {name}: {exc.detail}", err=True)
+            raise SystemExit(1) from None
+    keys = store.read_sync(lambda db: keys_named(db, name))
+    if len(keys) == 1:
+        return keys[0]
+    if not keys:
+        click.echo(f"masd: no case {name}", err=True)
+    else:
+        listed = ", ".join(keys[:10]) + (", ..." if len(keys) > 10 else "")
+        click.echo(
+            f"masd: {name} is ambiguous: {len(keys)} cases have that id ({listed}); "
+            "give the address",
+            err=True,
+        )
+    raise SystemExit(1)
+
+
+def _json(doc: object) -> None:
+    click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+
+
+# --------------------------------------------------------------------------- masd case
+
+
+@click.group()
+def case() -> None:
+    """Read cases and their threads (docs/protocol.md §16)."""
+
+
+@case.command("show")
+@CONFIG
+@click.argument("case_name", metavar="CASE")
+@click.option("--json", "as_json", is_flag=True, help="The case and its thread as JSON.")
+def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
+    """Print CASE and its thread as a timeline, with each send's delivery state.
+
+    CASE is the case's address or key in any spelling (ticket=GS-1@help.example),
+    or its id alone (gs-1) when one case has it.
+    """
+    from masd.readside import case_json, format_case, thread_json
+
+    with _read_store(load(config_file)) as store:
+        key = _one_case(store, case_name)
+        found = store.read_sync(lambda db: case_json(db, key))
+        thread = store.read_sync(lambda db: thread_json(db, key, 0, 10**9))
+    assert found is not None
+    if as_json:
+        _json({**found, "thread": thread})
+    else:
+        click.echo(format_case(found, thread), nl=False)
+
+
+@case.command("list")
+@CONFIG
+@click.option(
+    "--limit", type=click.IntRange(1, None), default=50, show_default=True, help="How many cases."
+)
+@click.option(
+    "--state",
+    type=click.Choice(["open", "closed"]),
+    default=None,
+    help="open: a handoff is not closed yet (a mode is at work); closed: none is.",
+)
+@click.option("--participant", default=None, help="Only cases of this address.")
+@click.option("--domain", default=None, help="Only cases of this domain.")
+@click.option("--after", default=None, metavar="CURSOR", help="The page after this cursor.")
+@click.option("--json", "as_json", is_flag=True, help="The page as JSON (as GET /mas/v0.1/cases).")
+def case_list(
+    config_file: Path,
+    limit: int,
+    state: str | None,
+    participant: str | None,
+    domain: str | None,
+    after: str | None,
+    as_json: bool,
+) -> None:
+    """List cases, most recently active first, under a header row.
+
+    The same filters as GET /mas/v0.1/cases (docs/protocol.md §16.4). When
+    more cases follow, the last line gives the --after of the next page.
+    """
+    from masd.readside import CaseFilter, cases_json, format_cases, parse_case_cursor
+
+    config = load(config_file)
+    pos = None if after is None else parse_case_cursor(after)
+    if after is not None and pos is None:
+        click.echo(f"masd: --after: {after!r} is not a cursor of the case list", err=True)
+        raise SystemExit(2)
+    where = CaseFilter(state, participant, domain)
+    with _read_store(config) as store:
+        doc = store.read_sync(lambda db: cases_json(db, pos, limit, where))
+    if as_json:
+        _json(doc)
+        return
+    click.echo(format_cases(doc), nl=False)
+    if doc["next"] is not None:
+        click.echo(f"(more: --after {doc['next']})")
+
+
+# --------------------------------------------------------------------------- masd tail
+
+
+@click.command()
+@CONFIG
+@click.option(
+    "-n",
+    "--lines",
+    "count",
+    type=click.IntRange(0, 10_000),
+    default=10,
+    show_default=True,
+    help="How many of the latest events to print first.",
+)
+@click.option("-f", "--follow", is_flag=True, help="Then print each new event as it commits.")
+@click.option("--case", "case_name", default=None, metavar="CASE", help="Only this case's events.")
+@click.option("--json", "as_json", is_flag=True, help="One event a line, as JSON (as the feed).")
+def tail(config_file: Path, count: int, follow: bool, case_name: str | None, as_json: bool) -> None:
+    """Print the latest events of the event feed; with --follow, each new one as it commits.
+
+    An event is a thread entry of any case (docs/protocol.md §16.5): time,
+    case, kind and what happened. Ctrl-C ends --follow.
+    """
+    from masd.feed import latest, page, parse_cursor
+
+    with _read_store(load(config_file)) as store:
+        key = None if case_name is None else _one_case(store, case_name)
+        found = store.read_sync(lambda db: latest(db, count, key))
+        try:
+            _print_events(found.events if count else [], as_json)
+            after = parse_cursor(found.next) or 0
+            while follow:
+                found = store.read_sync(functools.partial(page, after=after, case_key=key))
+                _print_events(found.events, as_json)
+                after = parse_cursor(found.next) or after
+                if not found.events:
+                    time.sleep(TAIL_POLL_SECONDS)
+        except KeyboardInterrupt:
+            pass
+        except BrokenPipeError:  # `masd tail | head`: the reader is gone
+            sys.stderr.close()
+
+
+def _print_events(events: list[dict[str, Any]], as_json: bool) -> None:
+    from masd.readside import format_event
+
+    for event in events:
+        line = json.dumps(event, ensure_ascii=False) if as_json else format_event(event)
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- masd queue
+
+
+_QUEUE_CONFIG = click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The masd TOML file.  [default: the one given to queue, else /etc/masd/masd.toml]",
+)
+
+
+def _queue_config(config_file: Path | None) -> Config:
+    ctx = click.get_current_context()
+    given = ctx.find_root().meta.get("masd.queue.config")
+    return load(config_file or given or DEFAULT_CONFIG)
+
+
+@click.group(invoke_without_command=True)
+@CONFIG
+@click.pass_context
+def queue(ctx: click.Context, config_file: Path) -> None:
+    """The outbound queue, as postqueue -p and postsuper: list, retry, drop.
+
+    Without a command: list.
+    """
+    ctx.find_root().meta["masd.queue.config"] = config_file
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(queue_list, config_file=config_file)
+
+
+@queue.command("list")
+@_QUEUE_CONFIG
+@click.option("--limit", type=click.IntRange(1, None), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="As GET /mas/v0.1/admin/outbox.")
+def queue_list(config_file: Path | None, limit: int = 100, as_json: bool = False) -> None:
+    """What waits to go out (queued, retrying), then what masd gave up on (failed).
+
+    Each item: id, state, attempts, when queued, next try, case, what it is
+    and where it goes; its last error on the line below.
+    """
+    from masd.queue import format_items, listing
+
+    with _read_store(_queue_config(config_file)) as store:
+        doc = store.read_sync(lambda db: listing(db, limit))
+    if as_json:
+        _json(doc)
+    else:
+        click.echo(format_items(doc["items"]), nl=False)
+
+
+@queue.command("retry")
+@_QUEUE_CONFIG
+@click.argument("item_id", metavar="ID", type=click.IntRange(1, None), required=False)
+@click.option("--all", "every", is_flag=True, help="Every item waiting for a later try.")
+def queue_retry(config_file: Path | None, item_id: int | None, every: bool) -> None:
+    """Try item ID now (a failed one is tried again), or --all waiting items.
+
+    Asks the running masd (its admin API), whose outbox sends at once.
+    """
+    if (item_id is None) == (not every):
+        raise click.UsageError("give an item ID or --all, not both")
+    _change(_queue_config(config_file), "retry", item_id)
+
+
+@queue.command("drop")
+@_QUEUE_CONFIG
+@click.argument("item_id", metavar="ID", type=click.IntRange(1, None))
+def queue_drop(config_file: Path | None, item_id: int) -> None:
+    """Withdraw item ID: it is not sent; its case's thread records it as
+    dropped by the operator (a dropped handoff.request fails its handoff)."""
+    _change(_queue_config(config_file), "drop", item_id)
+
+
+def _change(config: Config, what: str, item_id: int | None) -> None:
+    from masd.admin_client import AdminError, NotRunning, call
+
+    path = f"{OUTBOX_PATH}/retry" if item_id is None else f"{OUTBOX_PATH}/{item_id}/{what}"
+    try:
+        answer = call(config, "POST", path)
+    except AdminError as exc:
+        click.echo(f"masd: {exc}", err=True)
+        raise SystemExit(1) from None
+    except NotRunning as exc:
+        click.echo(
+            f"masd: {exc}; changing the store itself (masd acts on it when it runs)", err=True
+        )
+        answer = _change_in_store(config, what, item_id)
+    body = answer.body
+    if answer.status != 200:
+        click.echo(f"masd: {body.get('error')}: {body.get('detail')}", err=True)
+        raise SystemExit(1)
+    if item_id is None:
+        ids = body.get("retried") or []
+        click.echo(f"retried {len(ids)} item{'' if len(ids) == 1 else 's'}: due now")
+        return
+    item = body["item"]
+    if what == "drop":
+        click.echo(f"dropped {item_id} ({item['case'] or 'no case'}): the thread records it")
+    else:
+        click.echo(f"retried {item_id}: {item['state']}, next try {item['next_attempt_at']}")
+
+
+def _change_in_store(config: Config, what: str, item_id: int | None) -> Answer:
+    """The change of :func:`_change` as one job on the store (no masd running)."""
+    import secrets
+
+    from masd import queue as q
+    from masd.admin_client import Answer
+    from masd.clock import Clock
+    from masd.service import Runtime
+
+    rt, now = Runtime(config, lambda: secrets.token_hex(16)), Clock().now()
+    with _read_store(config) as store:
+        try:
+            if item_id is None:
+                retried = store.write_sync(lambda tx: q.retry_waiting(tx, now))
+                return Answer(200, {"ok": True, "retried": retried.ids})
+            job = q.retry if what == "retry" else q.drop
+            done = store.write_sync(lambda tx: job(rt, tx, item_id, now))
+        except q.QueueError as exc:
+            return Answer(exc.status, {"ok": False, "error": exc.code, "detail": exc.detail})
+    return Answer(200, {"ok": True, "item": done.item})
+
+
+# --------------------------------------------------------------------------- masd explain
+
+
+@click.command()
+@CONFIG
+@click.argument("file", type=click.File("rb"))
+@click.option("--rcpt", default=None, help="The envelope recipient (default: from the headers).")
+@click.option("--mail-from", default=None, help="The envelope sender (default: the From).")
+@click.option("--json", "as_json", is_flag=True, help="The explanation as JSON.")
+def explain(
+    config_file: Path, file: IO[bytes], rcpt: str | None, mail_from: str | None, as_json: bool
+) -> None:
+    """What masd would do with the mail in FILE (- for stdin), as a dry run.
+
+    Touches neither the store nor the network: the recipient as parsed, the
+    trusted headers and the Authentication-Results chosen, the DMARC verdict,
+    automated or not and why, the participant, the send caps, and what masd
+    would do (open a case, hand off, acknowledge, refuse, with the reason).
+    What only the store knows is assumed, and said. Without --rcpt the first
+    Delivered-To, X-Original-To, To or Cc address at a configured domain.
+    """
+    from masd.clock import Clock
+    from masd.explain import default_recipient, format_explained
+    from masd.explain import explain as run
+
+    config = load(config_file)
+    raw = file.read()
+    rcpt = rcpt or default_recipient(raw, config)
+    if rcpt is None:
+        domains = ", ".join(sorted(config.domains)) or "(none)"
+        click.echo(f"masd: no recipient at a configured domain ({domains}); give --rcpt", err=True)
+        raise SystemExit(2)
+    found = run(config, raw, rcpt, mail_from=mail_from, now=Clock().now())
+    if as_json:
+        _json(found.json())
+    else:
+        click.echo(format_explained(found), nl=False)

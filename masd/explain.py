@@ -1,0 +1,327 @@
+"""What masd would do with one mail, without doing it (``masd explain FILE.eml``).
+
+A dry run of one LMTP delivery through the same pure functions a real one
+goes through: the recipient parsed (:func:`masd.core.address.parse_address`),
+the mail read with its trust verdicts (:func:`masd.core.event.build_event`,
+:func:`masd.core.trust.trusted_block`), the role engine's effects
+(:func:`masd.core.engine.master_mail`, :mod:`masd.core.slave`), and each send
+through Principle 10 (:func:`masd.core.principle10.decide_send`).  It reads
+neither the store nor the network, so what those would tell is assumed and
+said: a case address names a case that exists, whose participant is the
+sender and which has no open handoff; no mail has been sent on it yet (the
+send caps count from zero); a slave case has its type's default policy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from masd.config import Config
+from masd.core.address import Address, parse_address
+from masd.core.engine import (
+    CaseView,
+    CreateCase,
+    Effect,
+    OpenHandoff,
+    OpenIntake,
+    SendContract,
+    SendMail,
+    Status,
+    Thread,
+    master_mail,
+)
+from masd.core.errors import AddressError
+from masd.core.event import ParsedMail, build_event, parse_headers
+from masd.core.principle10 import Caps, Counts, Recipient, decide_send
+from masd.core.slave import slave_intake, slave_mail
+from masd.core.trust import trusted_block
+from masd.edges.lmtp_replies import Replies, address_refusal
+from masd.readside import rfc3339
+from masd.service import Runtime
+
+#: The id a new case would get, shown in its place (the next number is in the store).
+NEW_ID = "N"
+#: Fresh random ids (handoffs, messages) are shown as this.
+FRESH = "(new id)"
+
+
+@dataclass
+class Explained:
+    """What masd would do; :meth:`json` is ``masd explain --json``."""
+
+    recipient: dict[str, Any]
+    lmtp: str
+    mail: dict[str, Any] = field(default_factory=dict)
+    trust: dict[str, Any] = field(default_factory=dict)
+    automated: dict[str, Any] = field(default_factory=dict)
+    participant: str | None = None
+    caps: dict[str, int] = field(default_factory=dict)
+    would: list[dict[str, Any]] = field(default_factory=list)
+    assumed: list[str] = field(default_factory=list)
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "recipient": self.recipient,
+            "lmtp": self.lmtp,
+            "mail": self.mail,
+            "trust": self.trust,
+            "automated": self.automated,
+            "participant": self.participant,
+            "caps": self.caps,
+            "would": self.would,
+            "assumed": self.assumed,
+        }
+
+
+def default_recipient(raw: bytes, config: Config) -> str | None:
+    """The first address at a configured domain in ``Delivered-To``,
+    ``X-Original-To``, ``To`` or ``Cc`` (in that order), or None."""
+    import email.utils
+
+    headers = parse_headers(raw)
+    for wanted in ("delivered-to", "x-original-to", "to", "cc"):
+        values = [v for n, v in headers if n.lower() == wanted]
+        for _, address in email.utils.getaddresses(values):
+            if address.rpartition("@")[2].lower() in config.domains:
+                return address
+    return None
+
+
+def explain(
+    config: Config, raw: bytes, rcpt: str, *, mail_from: str | None = None, now: float
+) -> Explained:
+    """Explain the delivery of ``raw`` to ``rcpt`` (envelope sender ``mail_from``,
+    by default the mail's From)."""
+    server = config.server
+    shown: dict[str, Any] = {"address": rcpt}
+    try:
+        addr = parse_address(rcpt, delimiter=server.recipient_delimiter, domains=config.domains)
+    except AddressError as exc:
+        return Explained(shown, address_refusal(exc).line(exc.detail))
+    shown.update(_parsed(addr))
+    typ = config.type_for(addr.domain, addr.type)
+    if typ is None:
+        refused = Replies.UNKNOWN_TYPE.line(f"type: no type {addr.type!r} at {addr.domain}")
+        return Explained(shown, refused)
+    shown["role"] = typ.role
+    if len(raw) > server.max_message_bytes:
+        line = f"message: {len(raw)} bytes, over server.max_message_bytes"
+        return Explained(shown, Replies.TOO_BIG.line(line))
+    rt = Runtime(config, new_id=lambda: FRESH)
+    mail = build_event(
+        raw,
+        mail_from=mail_from if mail_from is not None else _from_header(raw),
+        rcpt_to=rcpt,
+        received_at=rfc3339(now) or "",
+        message_ref="msg-explain",
+        trust=rt.trust(),
+    )
+    out = Explained(shown, Replies.RECORDED.line("would be recorded"))
+    out.mail = _mail(mail)
+    out.trust = _trust(raw, mail, rt)
+    out.automated = {"is": mail.automation.is_automated, "reason": mail.automation.reason}
+    out.caps = {
+        "per_case": typ.send_cap.per_case,
+        "per_recipient_per_day": typ.send_cap.per_recipient_per_day,
+    }
+    effects, case = _effects(rt, addr, mail, out, now)
+    out.participant = case.participant if case is not None else None
+    caps = Caps(typ.send_cap.per_case, typ.send_cap.per_recipient_per_day)
+    out.would = [_effect(e, mail, caps) for e in effects]
+    return out
+
+
+def _parsed(addr: Address) -> dict[str, Any]:
+    return {
+        "kind": addr.kind,
+        "type": addr.type,
+        "id": addr.id,
+        "mode": addr.mode,
+        "domain": addr.domain,
+        "canonical": addr.canonical,
+        "key": addr.key,
+    }
+
+
+def _from_header(raw: bytes) -> str:
+    """The envelope sender to assume: the first From address (or the null sender)."""
+    import email.utils
+
+    values = [v for n, v in parse_headers(raw) if n.lower() == "from"]
+    found = email.utils.getaddresses(values)
+    return found[0][1] if found else ""
+
+
+def _mail(mail: ParsedMail) -> dict[str, Any]:
+    ev = mail.event
+    return {
+        "mail_from": ev.mail_from,
+        "from": ev.from_address,
+        "from_addresses": list(mail.from_addresses),
+        "subject": ev.subject,
+        "message_id": ev.message_id,
+    }
+
+
+def _trust(raw: bytes, mail: ParsedMail, rt: Runtime) -> dict[str, Any]:
+    """The trusted block (the headers masd believes), its A-R headers, the verdict."""
+    headers = parse_headers(raw)
+    size = trusted_block(headers, rt.trust())
+    ends = headers[size] if size < len(headers) else None
+    return {
+        "trusted_headers": size,
+        "block_ends_at": None if ends is None else f"{ends[0]}: {ends[1]}"[:300],
+        "authentication_results": [
+            v[:300] for n, v in headers[:size] if n.lower() == "authentication-results"
+        ],
+        "chosen": mail.auth.authserv_id,
+        "dmarc": mail.auth.dmarc,
+        "header_from": mail.auth.header_from,
+        "authenticated": mail.auth.authenticated,
+        "reason": mail.auth.reason,
+    }
+
+
+def _effects(
+    rt: Runtime, addr: Address, mail: ParsedMail, out: Explained, now: float
+) -> tuple[list[Effect], CaseView | None]:
+    """The engine's effects, on the state assumed (see the module)."""
+    view = rt.type_view(addr.domain, addr.type)
+    ctx = rt.context(now)
+    sender = mail.event.from_address
+    case: CaseView | None = None
+    if addr.kind == "resource":
+        out.assumed.append(
+            f"case {addr.canonical} exists (else 550 5.1.1 unknown-case), its participant is "
+            f"{sender or 'the sender'} and it has no open handoff"
+        )
+        case = CaseView(
+            addr.key, addr.canonical, addr.domain, addr.type, addr.id or "", view.role, sender
+        )
+    if view.role == "slave":
+        master = rt.master_of(addr.domain, addr.type)
+        if case is None:
+            return [slave_intake(addr, mail, ctx, master=master)], None
+        policy = rt.default_policy(addr.domain, addr.type)
+        out.assumed.append("the case has its type's default policy")
+        return slave_mail(
+            case, addr, mail, rt.slave_terms(case.domain, case.type, policy), ctx
+        ), case
+    new_id = f"{view.id_prefix}{NEW_ID}"
+    effects = master_mail(case, addr, mail, view, ctx, new_case_id=new_id)
+    if case is None:
+        out.assumed.append(f"{NEW_ID}: the next case number of {addr.type} at {addr.domain}")
+        case = next(e.case for e in effects if isinstance(e, CreateCase))
+    out.assumed.append("no mail was sent on the case yet (the send caps count from zero)")
+    return effects, case
+
+
+def _effect(e: Effect, mail: ParsedMail, caps: Caps) -> dict[str, Any]:
+    """One effect, as data an operator reads."""
+    name = type(e).__name__
+    if isinstance(e, SendMail):
+        ev = mail.event
+        recipient = Recipient(
+            ev.from_address, mail.auth.authenticated, mail.automation.is_automated
+        )
+        refusal = decide_send(recipient, Counts(0, 0), caps)
+        return {
+            "do": "send-mail",
+            "purpose": e.purpose,
+            "to": ev.from_address or None,
+            "sent": refusal is None,
+            "refused": refusal,
+        }
+    if isinstance(e, CreateCase):
+        return {"do": "open-case", "address": e.case.address, "participant": e.case.participant}
+    if isinstance(e, Thread):
+        return {"do": "thread", "kind": e.kind, **_brief(e.data)}
+    if isinstance(e, OpenHandoff):
+        return {
+            "do": "open-handoff",
+            "mode": e.mode,
+            "peer": e.peer,
+            "deadline_at": rfc3339(e.deadline_at),
+        }
+    if isinstance(e, Status):
+        return {"do": "status", "status": e.status, "source": e.source, **dict(e.fields)}
+    if isinstance(e, SendContract):
+        return {"do": "send-contract", "type": e.message.get("type"), "to": e.peer, "url": e.url}
+    if isinstance(e, OpenIntake):
+        return {
+            "do": "send-contract",
+            "type": "case.intake",
+            "to": e.master.peer,
+            "url": e.master.url,
+            "requested_mode": e.requested_mode,
+        }
+    return {"do": name}
+
+
+def _brief(data: Mapping[str, Any]) -> dict[str, Any]:
+    keep = ("from", "subject", "dmarc", "automated", "requested_mode", "type")
+    return {k: data[k] for k in keep if k in data}
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _line(w: Mapping[str, Any]) -> str:
+    do = w["do"]
+    if do == "send-mail":
+        verdict = "would be sent" if w["sent"] else f"refused: {w['refused']}"
+        return f"mail the {w['purpose']} to {w['to'] or '(no address)'}: {verdict}"
+    if do == "open-case":
+        return f"open case {w['address']} (participant {w['participant'] or '(none)'})"
+    if do == "thread":
+        extra = " ".join(
+            f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+            for k, v in w.items()
+            if k not in ("do", "kind")
+        )
+        return f"record {w['kind']} {extra}".rstrip()
+    if do == "open-handoff":
+        if w["peer"] == "email":
+            return f"open handoff {w['mode']}, refused on the spot"
+        return f"open handoff {w['mode']} to {w['peer']} (deadline {w['deadline_at']})"
+    if do == "status":
+        reason = f" (reason {w['reason']})" if w.get("reason") else ""
+        return f"status {w['status']} by {w['source']}{reason}"
+    if do == "send-contract":
+        return f"send {w['type']} to {w['to']} at {w['url']}"
+    return str(do)
+
+
+def format_explained(x: Explained) -> str:
+    """``masd explain``: one section per question, then what masd would do."""
+    r = x.recipient
+    lines = [f"recipient    {r['address']}"]
+    if "kind" in r:
+        mode = f", mode {r['mode']}" if r["mode"] else ""
+        lines.append(f"  parsed     {r['kind']} {r['canonical']}{mode} (key {r['key']})")
+    if "role" in r:
+        lines.append(f"  role       {r['role']}")
+    lines.append(f"  LMTP       {x.lmtp}")
+    if not x.mail:
+        return "\n".join(lines) + "\n"
+    m, t, a = x.mail, x.trust, x.automated
+    lines += [
+        f"sender       From {m['from'] or '(none)'} (envelope {m['mail_from'] or '<>'})",
+        f"trust        {t['trusted_headers']} header(s) in the trusted block"
+        + (f", ending at {t['block_ends_at']}" if t["block_ends_at"] else ""),
+        *(f"  A-R        {v}" for v in t["authentication_results"]),
+        f"  chosen     {t['chosen'] or '(none)'}",
+        f"dmarc        {t['dmarc']} ({t['reason']})",
+        f"automated    {'yes: ' + str(a['reason']) if a['is'] else 'no'}",
+        f"participant  {x.participant or '(none)'}",
+        f"caps         {x.caps['per_case']} per case, "
+        f"{x.caps['per_recipient_per_day']} per recipient a day",
+        "would",
+        *(f"  - {_line(w)}" for w in x.would),
+    ]
+    if x.assumed:
+        lines += ["assumed (a dry run reads no store)", *(f"  - {s}" for s in x.assumed)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,208 @@
+"""The event feed: every thread entry of every case, in commit order (docs/protocol.md §16.5).
+
+An event is one thread entry with its case's address and key and a cursor.
+The cursor is ``e`` and the entry's ``pos`` (:mod:`masd.store.feed`): the
+place it took in commit order across all cases.  One writer commits whole
+batches, so a reader that sees an entry also sees every entry before it;
+a client that resumes after the last cursor it saw therefore misses nothing
+and sees nothing twice, across restarts of masd and of the client alike.
+
+:class:`FeedWatch` lets a reader wait for the next commit instead of
+polling: the app pokes it after each committed store job (every edge tells
+the app's commit listener), and a waiter also looks again every
+:data:`POLL_SECONDS`, so a commit nobody announced (another process writing
+the store) is seen too.  :func:`follow` is the long poll of
+``GET /mas/v0.1/events?wait=S`` and the loop behind ``masd tail --follow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from masd.readside import row_json
+from masd.store import Store, Tx
+from masd.store.feed import EntryRow, events, last_events, last_pos
+
+#: ``limit`` of a page of events: default and largest.
+DEFAULT_EVENTS: Final = 100
+MAX_EVENTS: Final = 1000
+#: The longest ``wait`` of a long poll, in seconds (PROFILE §11).
+MAX_WAIT: Final = 60
+#: How often a waiter looks again without being told of a commit.
+POLL_SECONDS: Final = 1.0
+#: The shortest time between two reads of one follower: many commits in a row
+#: cost a follower one read, not one each.
+MIN_GAP_SECONDS: Final = 0.05
+
+_PREFIX: Final = "e"
+
+
+def cursor(pos: int) -> str:
+    """The cursor of the entry at ``pos`` (an opaque string to clients)."""
+    return f"{_PREFIX}{pos}"
+
+
+#: The cursor before the first event.
+START: Final = cursor(0)
+
+
+def parse_cursor(text: str) -> int | None:
+    """The ``pos`` of a cursor masd gave, or None when ``text`` is not one."""
+    digits = text[len(_PREFIX) :]
+    ok = text.startswith(_PREFIX) and digits.isascii() and digits.isdigit()
+    return int(digits) if ok and len(digits) <= 18 else None
+
+
+def event_json(row: EntryRow) -> dict[str, Any]:
+    """``{"cursor", "case": {"address", "key"}, "entry": {...}}``."""
+    return {
+        "cursor": cursor(row.pos),
+        "case": {"address": row.address, "key": row.case_key},
+        "entry": row_json(row),
+    }
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page of the feed: its events, the cursor to go on from, and whether
+    the cursor asked for lies past the store's latest entry."""
+
+    events: list[dict[str, Any]]
+    next: str
+    ahead: bool = False
+
+    def json(self) -> dict[str, Any]:
+        return {"events": self.events, "next": self.next}
+
+
+def page(tx: Tx, after: int, limit: int = DEFAULT_EVENTS, case_key: str | None = None) -> Page:
+    """The events after ``pos`` ``after`` (of one case if ``case_key``), at most ``limit``.
+
+    ``ahead``: nothing follows ``after`` and the store's latest entry comes
+    before it, so the cursor came from another store (one this was restored
+    over from a backup, say): resuming there would skip what comes next.
+    """
+    rows = events(tx, after, max(1, limit), case_key)
+    if rows:
+        return Page([event_json(r) for r in rows], cursor(rows[-1].pos))
+    return Page([], cursor(after), ahead=after > last_pos(tx))
+
+
+def latest(tx: Tx, count: int, case_key: str | None = None) -> Page:
+    """The latest ``count`` events (``masd tail``), oldest first."""
+    rows = last_events(tx, max(1, count), case_key)
+    next_pos = rows[-1].pos if rows else last_pos(tx)
+    return Page([event_json(r) for r in rows], cursor(next_pos))
+
+
+class FeedWatch:
+    """Tells waiting readers that a store job may have added entries.
+
+    Take a :meth:`mark` before reading; :meth:`wait` with it returns at once
+    when a poke came since, so a commit between the read and the wait is
+    never slept through.
+    """
+
+    def __init__(self) -> None:
+        self._generation = 0
+        self._event = asyncio.Event()
+        self.closed = False
+
+    def poke(self) -> None:
+        """A store job committed (called on the event loop)."""
+        self._generation += 1
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    def committed(self, wakes: object) -> None:
+        """As a commit listener: any commit may have added entries."""
+        del wakes
+        self.poke()
+
+    def close(self) -> None:
+        """masd is stopping: every waiter returns, and followers end."""
+        self.closed = True
+        self.poke()
+
+    def mark(self) -> int:
+        return self._generation
+
+    async def wait(self, mark: int, timeout: float) -> None:
+        """Until a poke after ``mark``, or ``timeout`` (at most :data:`POLL_SECONDS`)."""
+        if self.closed or mark != self._generation or timeout <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), min(timeout, POLL_SECONDS))
+
+
+async def follow(
+    store: Store,
+    watch: FeedWatch,
+    after: int,
+    *,
+    limit: int = DEFAULT_EVENTS,
+    case_key: str | None = None,
+    wait: float = 0.0,
+) -> Page:
+    """The next page after ``after``; with ``wait`` (seconds), held until it
+    has an event, the time is up, or masd stops."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + wait
+    while True:
+        mark = watch.mark()
+        found = await store.read(lambda tx: page(tx, after, limit, case_key))
+        left = until - loop.time()
+        if found.events or found.ahead or watch.closed or left <= 0:
+            return found
+        await watch.wait(mark, left)
+
+
+async def stream(
+    store: Store,
+    watch: FeedWatch,
+    after: int,
+    *,
+    case_key: str | None = None,
+    idle: float = 15.0,
+) -> AsyncIterator[Page]:
+    """Pages after ``after`` as they commit, until masd stops; an empty page
+    (nothing new) after ``idle`` seconds of silence, for a keep-alive."""
+    loop = asyncio.get_running_loop()
+    quiet_since = loop.time()
+    while not watch.closed:
+        mark = watch.mark()
+        found = await store.read(
+            functools.partial(page, after=after, limit=MAX_EVENTS, case_key=case_key)
+        )
+        if found.ahead:
+            yield found
+            return
+        if found.events:
+            after = parse_cursor(found.next) or after
+            quiet_since = loop.time()
+            yield found
+            if len(found.events) >= MAX_EVENTS:
+                continue  # a backlog: the next page at once
+        elif loop.time() - quiet_since >= idle:
+            quiet_since = loop.time()
+            yield found
+        await watch.wait(mark, quiet_since + idle - loop.time())
+        await asyncio.sleep(MIN_GAP_SECONDS)
+
+
+def sse(found: Page) -> bytes:
+    """The page as Server-Sent Events (``id``, ``event``, ``data``); a comment
+    line when it is empty (a keep-alive)."""
+    if not found.events:
+        return b": keep-alive\n\n"
+    parts = []
+    for event in found.events:
+        data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+        parts.append(f"id: {event['cursor']}\nevent: {event['entry']['kind']}\ndata: {data}\n\n")
+    return "".join(parts).encode("utf-8")

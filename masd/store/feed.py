@@ -1,0 +1,200 @@
+"""The read side's queries across the thread: entries with their delivery, the feed, the case list.
+
+Every thread entry has a ``pos``: its place in commit order across all cases
+(:mod:`masd.store.schema`, migration 2).  One writer commits whole batches,
+so a reader never sees a ``pos`` without every smaller one: the event feed
+pages by it, and the case list orders cases by the ``pos`` of their latest
+entry.
+
+A ``mail.out`` or ``contract.out`` entry names its outbox row
+(``outbox_id`` in its data); its delivery is read from that row, or from
+``outbox_sent`` once housekeeping has deleted the delivered row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from masd.store.sql import Tx, tuples, value
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the store knows of one entry's outbox row.
+
+    ``state`` is the row's (``pending``, ``done``, ``failed``, ``abandoned``),
+    ``kept`` when only ``outbox_sent`` remembers it (delivered, then purged),
+    ``unknown`` when the entry names no row (none was found for an entry
+    written before rows were named).
+    """
+
+    state: str
+    attempts: int | None = None
+    last_error: str | None = None
+    next_attempt_at: float | None = None
+    done_at: float | None = None
+
+
+@dataclass(frozen=True)
+class EntryRow:
+    """One thread entry as stored, with its case's address and its row's delivery."""
+
+    pos: int
+    case_key: str
+    address: str
+    seq: int
+    kind: str
+    at: float
+    data: str
+    delivery: Delivery | None
+
+
+_ENTRIES = (
+    "SELECT t.pos, t.case_key, c.address, t.seq, t.kind, t.at, t.data, "
+    "o.state, o.attempts, o.last_error, o.next_attempt_at, o.done_at, "
+    "s.attempts, s.done_at FROM thread t JOIN cases c ON c.key = t.case_key "
+    "LEFT JOIN outbox o ON t.kind IN ('mail.out', 'contract.out') "
+    "AND o.id = json_extract(t.data, '$.outbox_id') "
+    "LEFT JOIN outbox_sent s ON t.kind IN ('mail.out', 'contract.out') "
+    "AND s.id = json_extract(t.data, '$.outbox_id') "
+)
+
+
+def _entry(row: tuple[Any, ...]) -> EntryRow:
+    pos, key, address, seq, kind, at, data = row[:7]
+    state, attempts, error, next_at, done_at, kept_attempts, kept_done_at = row[7:]
+    delivery: Delivery | None = None
+    if kind in ("mail.out", "contract.out"):
+        if state is not None:
+            delivery = Delivery(str(state), int(attempts), error, next_at, done_at)
+        elif kept_attempts is not None:
+            delivery = Delivery("kept", int(kept_attempts), None, None, kept_done_at)
+        else:
+            delivery = Delivery("unknown")
+    return EntryRow(
+        int(pos), str(key), str(address), int(seq), str(kind), float(at), str(data), delivery
+    )
+
+
+def case_entries(tx: Tx, key: str, after: int, limit: int) -> list[EntryRow]:
+    """The entries of case ``key`` with ``seq > after``, in order, at most ``limit``."""
+    found = tuples(
+        tx,
+        _ENTRIES + "WHERE t.case_key = ? AND t.seq > ? ORDER BY t.seq LIMIT ?",
+        (key, after, limit),
+    )
+    return [_entry(r) for r in found]
+
+
+def events(tx: Tx, after: int, limit: int, case_key: str | None = None) -> list[EntryRow]:
+    """The entries with ``pos > after`` (of case ``case_key`` only, if given), in commit order."""
+    if case_key is None:
+        found = tuples(
+            tx,
+            _ENTRIES + "WHERE t.pos > ? ORDER BY t.pos LIMIT ?",
+            (after, limit),
+        )
+    else:
+        found = tuples(
+            tx,
+            _ENTRIES + "WHERE t.case_key = ? AND t.pos > ? ORDER BY t.pos LIMIT ?",
+            (case_key, after, limit),
+        )
+    return [_entry(r) for r in found]
+
+
+def last_events(tx: Tx, count: int, case_key: str | None = None) -> list[EntryRow]:
+    """The latest ``count`` entries (of case ``case_key`` only, if given), in commit order."""
+    where = "" if case_key is None else "WHERE t.case_key = ?1 "
+    found = tuples(tx, _ENTRIES + where + "ORDER BY t.pos DESC LIMIT ?2", (case_key, count))
+    return [_entry(r) for r in reversed(found)]
+
+
+def last_pos(tx: Tx) -> int:
+    """The ``pos`` of the latest entry committed (0: none yet)."""
+    return int(value(tx, "SELECT IFNULL(MAX(pos), 0) FROM thread"))
+
+
+@dataclass(frozen=True)
+class CaseRow:
+    """A case as the case list shows it, with its latest entry and its open handoff."""
+
+    key: str
+    address: str
+    domain: str
+    type: str
+    role: str
+    participant: str | None
+    created_at: float
+    last_pos: int
+    last_at: float
+    open_handoff: tuple[str, str, str] | None  # (handoff_id, mode, status)
+
+
+def cases(
+    tx: Tx,
+    *,
+    before: int | None,
+    limit: int,
+    open_handoff: bool | None = None,
+    participant: str | None = None,
+    domain: str | None = None,
+) -> list[CaseRow]:
+    """Cases by latest activity, newest first: those whose latest entry has a
+    ``pos`` below ``before`` (all when None), at most ``limit``.
+
+    ``open_handoff``: only cases with (True) or without (False) a handoff not
+    closed; ``participant`` compared without regard to case; ``domain`` exact.
+    The thread is walked down from ``before``, one case per latest entry, so
+    a page costs the entries above it, not the number of cases.
+    """
+    found = tuples(
+        tx,
+        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "
+        "t.pos, t.at, h.handoff_id, h.mode, h.status "
+        "FROM thread t CROSS JOIN cases c "
+        "LEFT JOIN handoffs h ON h.rowid = (SELECT rowid FROM handoffs WHERE case_key = c.key "
+        "AND closed_at IS NULL ORDER BY requested_at DESC, rowid DESC LIMIT 1) "
+        "WHERE c.key = t.case_key AND c.thread_seq = t.seq AND t.pos < ?1 "
+        "AND (?2 IS NULL OR ?2 = (h.handoff_id IS NOT NULL)) "
+        "AND (?3 IS NULL OR c.participant = ?3 COLLATE NOCASE) "
+        "AND (?4 IS NULL OR c.domain = ?4) "
+        "ORDER BY t.pos DESC LIMIT ?5",
+        (
+            2**63 - 1 if before is None else before,
+            open_handoff,
+            participant,
+            domain,
+            limit,
+        ),
+    )
+    return [
+        CaseRow(
+            key=str(r[0]),
+            address=str(r[1]),
+            domain=str(r[2]),
+            type=str(r[3]),
+            role=str(r[4]),
+            participant=r[5],
+            created_at=float(r[6]),
+            last_pos=int(r[7]),
+            last_at=float(r[8]),
+            open_handoff=None if r[9] is None else (str(r[9]), str(r[10]), str(r[11])),
+        )
+        for r in found
+    ]
+
+
+def keys_with_id(tx: Tx, case_id: str) -> list[str]:
+    """The keys of every case whose id is ``case_id`` (compared casefolded, as keys are)."""
+    found = tuples(
+        tx,
+        "SELECT key FROM cases WHERE key LIKE ? ESCAPE '\\' ORDER BY key",
+        ("%=" + _like(case_id.casefold()) + "@%",),
+    )
+    return [str(k) for (k,) in found]
+
+
+def _like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

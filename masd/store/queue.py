@@ -1,0 +1,136 @@
+"""The outbox as an operator sees and steers it (``masd queue``).
+
+Rows waiting (``pending``) and given up (``failed``) are listed; a retry
+makes a row due now (a failed one pending again), a drop withdraws it
+(``abandoned``, the state of a row withdrawn before it went out).  The
+sender (:mod:`masd.edges.outbox`) finds a retried row by its
+``next_attempt_at`` once it is woken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from masd.store.outbox import OutboxItem
+from masd.store.sql import Tx, run, tuples
+
+#: A mail's first 4096 characters are read, to find its Message-ID and Subject.
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """An outbox row as ``masd queue`` lists it."""
+
+    id: int
+    kind: str
+    queue: str
+    case_key: str | None
+    peer: str | None
+    state: str
+    attempts: int
+    last_error: str | None
+    created_at: float
+    next_attempt_at: float
+    done_at: float | None
+    #: a contract message's type and id
+    type: str | None
+    message_id: str | None
+    #: a mail's recipient and the start of its text (headers)
+    rcpt_to: str | None
+    head: str | None
+
+
+_COLUMNS = (
+    "SELECT id, kind, queue, case_key, peer, state, attempts, last_error, created_at, "
+    "next_attempt_at, done_at, "
+    "CASE kind WHEN 'contract' THEN json_extract(payload, '$.type') END, "
+    "CASE kind WHEN 'contract' THEN json_extract(payload, '$.id') END, "
+    "CASE kind WHEN 'mail' THEN json_extract(payload, '$.rcpt_to') END, "
+    "CASE kind WHEN 'mail' THEN substr(json_extract(payload, '$.message'), 1, 4096) END "
+    "FROM outbox "
+)
+
+
+def _row(r: tuple[Any, ...]) -> QueueRow:
+    return QueueRow(*r)
+
+
+def listed(tx: Tx, limit: int) -> list[QueueRow]:
+    """Rows waiting, then rows given up, each oldest first, at most ``limit``."""
+    found = tuples(
+        tx,
+        _COLUMNS + "WHERE state IN ('pending', 'failed') ORDER BY state = 'failed', id LIMIT ?",
+        (limit,),
+    )
+    return [_row(r) for r in found]
+
+
+def row(tx: Tx, item_id: int) -> QueueRow | None:
+    found = tuples(tx, _COLUMNS + "WHERE id = ?", (item_id,))
+    return _row(found[0]) if found else None
+
+
+def item(tx: Tx, item_id: int) -> OutboxItem | None:
+    """The row as the sender's outcome functions take it."""
+    found = tuples(
+        tx,
+        "SELECT id, kind, queue, peer, case_key, url, payload, attempts, deliver_until "
+        "FROM outbox WHERE id = ?",
+        (item_id,),
+    )
+    if not found:
+        return None
+    i, kind, queue, peer, case_key, url, payload, attempts, until = found[0]
+    return OutboxItem(
+        id=i,
+        kind=kind,
+        queue=queue,
+        peer=peer,
+        case_key=case_key,
+        url=url,
+        payload=payload,
+        attempts=attempts,
+        deliver_until=until,
+    )
+
+
+def retry_now(tx: Tx, item_id: int, now: float, deliver_until: float) -> bool:
+    """Make a pending or failed row due at ``now``; a failed one is pending again
+    and may be retried until at least ``deliver_until``.  False if it is neither."""
+    return (
+        run(
+            tx,
+            "UPDATE outbox SET state = 'pending', next_attempt_at = ?1, "
+            "deliver_until = CASE state WHEN 'failed' THEN MAX(deliver_until, ?2) "
+            "ELSE deliver_until END, done_at = NULL "
+            "WHERE id = ?3 AND state IN ('pending', 'failed')",
+            (now, deliver_until, item_id),
+        )
+        == 1
+    )
+
+
+def retry_all(tx: Tx, now: float) -> list[tuple[int, str]]:
+    """Make every pending row due at ``now``; (id, queue) of those that were waiting longer."""
+    found = tuples(
+        tx,
+        "UPDATE outbox SET next_attempt_at = ? WHERE state = 'pending' AND next_attempt_at > ? "
+        "RETURNING id, queue",
+        (now, now),
+    )
+    return sorted((int(i), str(q)) for i, q in found)
+
+
+def withdraw(tx: Tx, item_id: int, reason: str, at: float, *, attempts: int | None = None) -> bool:
+    """A pending or failed row will not be sent: ``abandoned``, with ``reason``
+    (and ``attempts`` as given: a withdrawal is not an attempt)."""
+    return (
+        run(
+            tx,
+            "UPDATE outbox SET state = 'abandoned', last_error = ?, done_at = ?, "
+            "attempts = IFNULL(?, attempts) WHERE id = ? AND state IN ('pending', 'failed')",
+            (reason, at, attempts, item_id),
+        )
+        == 1
+    )
