@@ -102,6 +102,7 @@ def test_healthz_check_probes_only_a_verdict_older_than_asked(tmp_path: Path) ->
         DiskFull.armed.clear()
 
     with open_with_seam(tmp_path / "masd.db") as store:
+        store.write_sync(insert(0))  # a verdict: it committed
         asyncio.run(main(store))
         wait_writable(store)
 
@@ -164,9 +165,10 @@ def test_a_store_opened_read_only_accepts_writes_once_it_can(tmp_path: Path) -> 
 
 def check_read_only_then_writable(db: Path, restore: Callable[[], None], how: str) -> None:
     with Store.open(db) as store:
-        health = store.health
-        assert not health.writable, "a read-only store must open unwritable"
+        health = asyncio.run(store.check())  # no write yet: it tries one
+        assert not health.writable, "a read-only store must be found unwritable"
         assert "readonly" in health.detail
+        assert not store.health.writable
         with pytest.raises(StoreError, match="readonly"):
             store.write_sync(insert(1))
         assert store.read_sync(counters) == 1  # what was committed can be read

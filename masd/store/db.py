@@ -238,8 +238,6 @@ class Store:
         self._generation = 0  # times every connection was closed to recover (_reopen)
         self._conn: sqlite3.Connection | None = self._prepare(conn)
         self._db: Database | None = _database(conn)
-        # Whether it can commit at all (a file opened read-only cannot).
-        self._health.probed(probe(conn), reopened=False)
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_conn: sqlite3.Connection | None = _open_writer(path, factory)
         self._checkpoint_stop = threading.Event()
@@ -268,8 +266,9 @@ class Store:
         With ``migrate=False`` the schema must already be current.  The WAL is
         started over once it holds more than ``wal_limit_bytes``; the
         checkpointer looks every ``checkpoint_seconds``.  A store that can be
-        read but not written (a read-only file) opens unwritable and recovers
-        by itself once it can be written; one with migrations pending cannot.
+        read but not written (a read-only file) opens, is found unwritable at
+        its first write or :meth:`check`, and recovers by itself once it can
+        be written; one with migrations pending does not open.
 
         ``factory``, the class of the connections that write (the writer's,
         the checkpointer's), is the seam for injecting faults in tests: a
@@ -581,6 +580,7 @@ class Store:
         with self._lock:
             self._generation += 1
             idle, self._idle_readers = self._idle_readers, []
+        # The checkpointer waits until the writer's connection is open again.
         with self._checkpoint_lock:
             closing = [*(db.conn for db in idle), self._checkpoint_conn, self._conn]
             self._checkpoint_conn = self._conn = self._db = None
@@ -588,11 +588,11 @@ class Store:
                 if conn is not None:
                     with contextlib.suppress(sqlite3.Error):
                         conn.close()
-        try:
-            conn = self._prepare(_open_writer(self._path, self._factory))
-        except (StoreError, sqlite3.Error) as exc:
-            return exc.detail if isinstance(exc, StoreError) else _reason(exc)
-        self._conn, self._db = conn, _database(conn)
+            try:
+                conn = self._prepare(_open_writer(self._path, self._factory))
+            except (StoreError, sqlite3.Error) as exc:
+                return exc.detail if isinstance(exc, StoreError) else _reason(exc)
+            self._conn, self._db = conn, _database(conn)
         return probe(conn)
 
     # -- reading --------------------------------------------------------------

@@ -102,7 +102,7 @@ class StoreHealth:
     detail: str = ""
     #: Epoch seconds when it last became writable or stopped being so.
     since: float = 0.0
-    #: ``time.monotonic()`` of the last verdict (a transaction or a probe).
+    #: ``time.monotonic()`` of the last verdict (a transaction or a probe; -inf: none yet).
     checked: float = 0.0
 
     def describe(self, now: float | None = None) -> str:
@@ -121,7 +121,8 @@ class HealthWatch:
         self._path = path
         self._lock = threading.Lock()
         now = time.monotonic()
-        self._health = StoreHealth(True, since=time.time(), checked=now)
+        # No verdict yet: the first write, or the first check(), gives one.
+        self._health = StoreHealth(True, since=time.time(), checked=float("-inf"))
         self._last_failure = float("-inf")  # monotonic, of a real transaction
         self._last_probe = now
         self._reminded = now
