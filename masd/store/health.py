@@ -5,10 +5,11 @@ The writer (:mod:`masd.store.db`) reports every transaction to a
 (:func:`fault_of`: disk full, read-only file or directory, I/O error, a file
 it cannot open, a lock it cannot get), not the job's.  While it fails, the
 writer probes every :data:`PROBE_SECONDS`: one small write of its own
-(:func:`probe`), first on its connection, then on a new one, since a
-connection opened while the file was read-only stays read-only; the new one
-replaces the old once it commits.  Callers are answered :class:`StoreError`
-meanwhile (LMTP ``451 4.3.0``, HTTP ``503``), and nothing needs a restart.
+(:func:`probe`) on its connection and, failing that, on a new one after
+closing every connection of the store (a connection opened while the file
+was read-only stays read-only, and keeps the others so).  Callers are
+answered :class:`StoreError` meanwhile (LMTP ``451 4.3.0``, HTTP ``503``),
+and nothing needs a restart.
 
 A probe writes less than a delivery: on a full disk it may fit where a mail
 does not.  So a probe that commits ends a fault only if no real transaction
