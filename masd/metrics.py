@@ -6,12 +6,13 @@ the store when the page is rendered (:func:`store_gauges`).
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from masd.core.kinds import OUTBOX_KINDS
 from masd.core.status import MACHINE
-from masd.store import Tx
+from masd.store import StoreHealth, Tx
 from masd.store import gauges as counts
 
 Series = dict[tuple[tuple[str, str], ...], float]
@@ -112,4 +113,25 @@ def store_gauges(tx: Tx) -> Gauges:
             _by_status(counts.statuses_by_status(tx)),
         ),
         "masd_sends_refused": ("Outbound mails refused under Principle 10, by reason.", refused),
+    }
+
+
+def health_gauges(health: StoreHealth, now: float | None = None) -> Gauges:
+    """The store's health, as its writer last found it (:attr:`masd.store.Store.health`).
+
+    - ``masd_store_writable``: 1 while the store accepts writes, 0 while it
+      cannot commit (deliveries get ``451 4.3.0``, contract messages ``503``).
+    - ``masd_store_unwritable_seconds``: how long it has not accepted writes
+      (0 while it does).
+    """
+    lasted = 0.0 if health.writable else (time.time() if now is None else now) - health.since
+    return {
+        "masd_store_writable": (
+            "1 while the store accepts writes, else 0.",
+            {(): 1.0 if health.writable else 0.0},
+        ),
+        "masd_store_unwritable_seconds": (
+            "Seconds since the store stopped accepting writes (0 while it accepts them).",
+            {(): max(0.0, lasted)},
+        ),
     }

@@ -384,7 +384,7 @@ def test_store_failure_is_503_and_healthz_follows(tmp_path: Path) -> None:
         assert health.json() == {"ok": True}
         key, hid = await r.open_callback_case()
         r.store.close()
-        refused(await r.client.get("/healthz"), 503, "unavailable", "store")
+        refused(await r.client.get("/healthz"), 503, "store", "store")
         failed = await post(r, status_message(key, hid, 1, "running"))
         refused(failed, 503, "unavailable")
         assert int(failed.headers["retry-after"]) > 0  # PROFILE §6: the same id may come again

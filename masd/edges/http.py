@@ -47,10 +47,9 @@ from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.sockets import ListenError, serve
 from masd.feed import FeedWatch
-from masd.metrics import store_gauges
+from masd.metrics import health_gauges, store_gauges
 from masd.peers import Principal
 from masd.store import StoreError
-from masd.store.gauges import ping
 
 log = logging.getLogger("masd.http")
 
@@ -294,16 +293,20 @@ class HttpEdge:
     # ------------------------------------------------------------------ health and metrics
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        """PROFILE §6: 200 only while the store accepts a write (checked at most every 5 s)."""
         try:
-            await self.store.read(ping)
+            health = await self.store.check()
         except Exception as exc:  # noqa: BLE001 (any failure means "not healthy")
             log.warning("healthz store unavailable: %s", exc)
-            return refusal("unavailable", "store: not answering (see the log)")
+            return refusal("store", "the store does not answer (see the log)", status=503)
+        if not health.writable:
+            return refusal("store", health.describe(), status=503)
         return web.json_response({"ok": True})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         try:
             gauges = await self.store.read(store_gauges)
+            gauges.update(health_gauges(self.store.health))
         except StoreError as exc:
             log.warning("metrics store unavailable: %s", exc)
             return refusal("unavailable", "store: not answering (see the log)")

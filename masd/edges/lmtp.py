@@ -44,7 +44,7 @@ from masd.edges.lmtp_replies import (
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
 from masd.service import Runtime, UnknownCase
-from masd.store import Store
+from masd.store import Store, StoreError
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -268,6 +268,9 @@ class LmtpHandler:
             reply, text = Replies.UNKNOWN_CASE, exc.detail
         except AddressError as exc:
             reply, text = address_refusal(exc), exc.detail
+        except StoreError as exc:  # one line: masd.store logs the cause once
+            log.warning("rcpt=%s not recorded: %s", rcpt, exc)
+            reply, text = Replies.FAULT, f"temporary failure ({exc.code}), try again later"
         except MasdError as exc:
             log.error("rcpt=%s not recorded: %s", rcpt, exc, exc_info=exc)
             reply, text = Replies.FAULT, f"temporary failure ({exc.code}), try again later"

@@ -15,8 +15,10 @@ passes to the functions of one module per aggregate:
   housekeeping, ``/metrics`` and the read side.
 
 Timestamps in every table are REAL epoch seconds (UTC); JSON columns are TEXT.
-See :mod:`masd.store.schema` for the tables and :mod:`masd.store.db` for the
-write/read model.
+See :mod:`masd.store.schema` for the tables, :mod:`masd.store.db` for the
+write/read model, :mod:`masd.store.health` for what happens when the store
+cannot commit, and :mod:`masd.store.files` for opening, migrating and backing
+up the file.
 """
 
 from masd.core.kinds import THREAD_KINDS
@@ -32,7 +34,7 @@ from masd.store import (
     thread,
 )
 from masd.store.cases import next_number
-from masd.store.db import MAX_BATCH, Store, StoreError, StoreStats, backup, migrate
+from masd.store.db import MAX_BATCH, Store, StoreError, StoreHealth, StoreStats, backup, migrate
 from masd.store.outbox import OutboxItem
 from masd.store.schema import MIGRATIONS, Migration
 from masd.store.sql import Tx, dumps, savepoint
@@ -46,6 +48,7 @@ __all__ = [
     "OutboxItem",
     "Store",
     "StoreError",
+    "StoreHealth",
     "StoreStats",
     "Tx",
     "append_thread",

@@ -44,19 +44,29 @@ every :data:`CHECKPOINT_SECONDS`, beside the writer.  Under steady writes
 such a checkpoint never catches up, SQLite never starts the log over, and it
 would grow without end; once it holds more than :data:`WAL_LIMIT_BYTES` the
 writer runs a ``RESTART`` checkpoint between two batches.
+
+Faults.  A transaction that fails for a reason of the store's (disk full,
+read-only file or directory, I/O error, a lock held elsewhere), not of its
+job's, makes the store *unwritable* (:mod:`masd.store.health`): its callers
+get :class:`StoreError`, as every caller does while it lasts.  The writer
+then probes every second with one small write of its own, on its connection
+and, failing that, on a new one that replaces it once it commits (a
+connection opened on a read-only file stays read-only), and the store is
+writable again at the first commit: no restart.  :meth:`Store.check` answers
+``GET /healthz``.  A job's own errors (a constraint, a bad statement) are
+its caller's alone and say nothing of the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import queue
 import sqlite3
 import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -64,19 +74,34 @@ from typing import Any, TypeVar, cast
 
 from sqlite_utils import Database
 
-from masd.core.errors import MasdError
-from masd.store.schema import MIGRATIONS, Migration
+from masd.store.files import StoreError, apply_pending, backup, check_version, migrate
+from masd.store.files import connect as _connect
+from masd.store.files import database as _database
+from masd.store.files import reason as _reason
+from masd.store.health import HEALTH_SECONDS, HealthWatch, StoreHealth, fault_of, probe
+from masd.store.health import rewrite_header as _rewrite_header
+from masd.store.schema import MIGRATIONS
 from masd.store.sql import Tx
+
+__all__ = [
+    "CHECKPOINT_SECONDS",
+    "MAX_BATCH",
+    "WAL_LIMIT_BYTES",
+    "Store",
+    "StoreError",
+    "StoreHealth",
+    "StoreStats",
+    "backup",
+    "migrate",
+]
 
 T = TypeVar("T")
 
 MAX_BATCH = 256
 READERS = 4
-BUSY_TIMEOUT_MS = 5000
 CHECKPOINT_SECONDS = 1.0
 #: A WAL past this size is restarted (and truncated back to it), not only copied.
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
-MIN_SQLITE = (3, 37, 0)  # STRICT tables (3.37), RETURNING (3.35)
 
 _JOB_SAVEPOINT = "masd_job"
 # The writer's own transaction statements carry a marker so that SQL text a
@@ -105,12 +130,6 @@ _FROZEN_PRAGMAS = frozenset(
 )
 
 
-class StoreError(MasdError):
-    """The store cannot do what was asked: edges answer ``451 4.3.0`` / 5xx."""
-
-    code = "store-unavailable"
-
-
 @dataclass(frozen=True)
 class StoreStats:
     """Counters of the writer since the store was opened."""
@@ -120,6 +139,8 @@ class StoreStats:
     failed_jobs: int = 0  # jobs whose caller got an exception
     failed_batches: int = 0  # transactions lost at BEGIN, COMMIT or by SQLite
     largest_batch: int = 0
+    faults: int = 0  # times the store stopped accepting writes
+    reopens: int = 0  # write connections replaced while recovering
 
 
 @dataclass(frozen=True)
@@ -143,218 +164,6 @@ class _Job:
 
 
 _STOP = object()
-
-
-def _reason(exc: BaseException) -> str:
-    name = getattr(exc, "sqlite_errorname", None)
-    return f"{exc} ({name})" if name else str(exc) or type(exc).__name__
-
-
-#: Mode of a store file masd creates (the store, a backup): every case's mail, for
-#: masd's user alone.  SQLite gives the -wal and -shm files the database file's mode.
-FILE_MODE = 0o600
-
-
-def _create_private(path: Path) -> None:
-    """Create ``path`` empty with :data:`FILE_MODE`, unless it exists (SQLite takes an
-    empty file for a new database)."""
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
-
-
-def _connect(path: Path, *, query_only: bool = False) -> sqlite3.Connection:
-    """Open one connection with masd's PRAGMAs; any failure is a StoreError."""
-    if sqlite3.sqlite_version_info < MIN_SQLITE:
-        raise StoreError(
-            f"SQLite {sqlite3.sqlite_version} is too old for {path}: "
-            f"masd needs {'.'.join(map(str, MIN_SQLITE))} or newer"
-        )
-    parent = path.parent
-    if not parent.is_dir():
-        raise StoreError(f"cannot open store {path}: directory {parent} does not exist")
-    conn: sqlite3.Connection | None = None
-    try:
-        if not query_only:
-            _create_private(path)
-        conn = sqlite3.connect(
-            str(path), isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
-        )
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise StoreError(f"cannot open store {path}: journal_mode is {mode!r}, not 'wal'")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        # Statement journals and sorts stay in memory: on disk each batch's
-        # savepoints created, opened and unlinked a file in the temp directory
-        # (five system calls and a journaled metadata change per commit).
-        conn.execute("PRAGMA temp_store=MEMORY")
-        if query_only:
-            conn.execute("PRAGMA query_only=ON")
-        # Reading the schema makes SQLite read the header: a file that is not
-        # a database (or is damaged there) is refused here, not on first use.
-        conn.execute("SELECT count(*) FROM sqlite_schema").fetchone()
-    except (sqlite3.Error, OSError) as exc:
-        if conn is not None:
-            conn.close()
-        raise StoreError(f"cannot open store {path}: {_reason(exc)}") from exc
-    except BaseException:
-        if conn is not None:
-            conn.close()
-        raise
-    return conn
-
-
-def _database(conn: sqlite3.Connection) -> Database:
-    return Database(conn, execute_plugins=False)
-
-
-# -- migrations ---------------------------------------------------------------
-
-
-def _statements(sql: str) -> list[str]:
-    """Split SQL text into complete statements (semicolons inside literals kept)."""
-    out: list[str] = []
-    buf = ""
-    for piece in sql.split(";"):
-        buf += piece + ";"
-        if sqlite3.complete_statement(buf):
-            if buf.strip(" \t\r\n;"):
-                out.append(buf.strip())
-            buf = ""
-    if buf.strip(" \t\r\n;"):
-        out.append(buf.strip())
-    return out
-
-
-def _check_registry(migrations: Sequence[Migration]) -> None:
-    for i, m in enumerate(migrations, start=1):
-        if m.version != i:
-            raise StoreError(f"migration registry: entry {i} has version {m.version}, expected {i}")
-
-
-def _recorded(conn: sqlite3.Connection) -> dict[int, str]:
-    row = conn.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'masd_migrations'"
-    ).fetchone()
-    if row is None:
-        return {}
-    return {int(v): str(n) for v, n in conn.execute("SELECT version, name FROM masd_migrations")}
-
-
-def _check_version(path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration]) -> int:
-    """Refuse a database this code does not understand; return its version."""
-    recorded = _recorded(conn)
-    known = migrations[-1].version if migrations else 0
-    current = max(recorded, default=0)
-    if current > known:
-        raise StoreError(
-            f"store {path} has schema version {current} ({recorded[current]!r}), "
-            f"newer than version {known} this masd knows; upgrade masd"
-        )
-    for m in migrations:
-        if m.version in recorded and recorded[m.version] != m.name:
-            raise StoreError(
-                f"store {path} records migration {m.version} as {recorded[m.version]!r}, "
-                f"this masd knows it as {m.name!r}"
-            )
-    return current
-
-
-def _apply_pending(
-    path: Path, conn: sqlite3.Connection, migrations: Sequence[Migration]
-) -> list[str]:
-    """Apply each pending migration in its own transaction; return their names."""
-    _check_registry(migrations)
-    db = _database(conn)
-    applied: list[str] = []
-    for m in migrations:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot migrate store {path}: {_reason(exc)}") from exc
-        try:
-            # Checked again inside the write lock: another process may have
-            # migrated between our look and our BEGIN.
-            if m.version <= _check_version(path, conn, migrations):
-                conn.execute("ROLLBACK")
-                continue
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS masd_migrations ("
-                "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
-            )
-            if isinstance(m.apply, str):
-                for statement in _statements(m.apply):
-                    conn.execute(statement)
-            else:
-                m.apply(db)
-            conn.execute(
-                "INSERT INTO masd_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                (m.version, m.name, time.time()),
-            )
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(exc, StoreError):
-                raise
-            if isinstance(exc, Exception):
-                raise StoreError(
-                    f"migration {m.version} ({m.name}) failed on store {path}: {_reason(exc)}"
-                ) from exc
-            raise
-        applied.append(m.name)
-    return applied
-
-
-def migrate(path: str | Path, *, migrations: Sequence[Migration] = MIGRATIONS) -> list[str]:
-    """Apply pending migrations to the database at ``path``; return the names applied."""
-    p = Path(path)
-    conn = _connect(p)
-    try:
-        return _apply_pending(p, conn, migrations)
-    finally:
-        conn.close()
-
-
-def backup(path: str | Path, dest: str | Path) -> None:
-    """Copy a (possibly live) store to ``dest`` with SQLite's online backup API.
-
-    The copy is written next to ``dest`` and renamed over it once complete
-    and synced, so ``dest`` is never a half-written database.
-    """
-    src_path, dest_path = Path(path), Path(dest)
-    if not src_path.is_file():
-        raise StoreError(f"cannot back up store {src_path}: no such file")
-    if not dest_path.parent.is_dir():
-        raise StoreError(
-            f"cannot back up store to {dest_path}: directory {dest_path.parent} does not exist"
-        )
-    tmp = dest_path.with_name(f".{dest_path.name}.{os.getpid()}.tmp")
-    src = _connect(src_path, query_only=True)
-    try:
-        _create_private(tmp)
-        dst = sqlite3.connect(str(tmp), isolation_level=None)
-        try:
-            src.backup(dst)
-            dst.execute("PRAGMA journal_mode=DELETE")
-        finally:
-            dst.close()
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dest_path)
-        dir_fd = os.open(dest_path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except (sqlite3.Error, OSError) as exc:
-        for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
-            with contextlib.suppress(OSError):
-                leftover.unlink()
-        raise StoreError(f"cannot back up store {src_path} to {dest_path}: {_reason(exc)}") from exc
-    finally:
-        src.close()
 
 
 # -- the store ----------------------------------------------------------------
@@ -383,6 +192,16 @@ def _as_caller_error(exc: BaseException) -> BaseException:
     return exc
 
 
+def _open_writer(path: Path, factory: type[sqlite3.Connection] | None) -> sqlite3.Connection:
+    """A connection that writes (the writer's, the checkpointer's)."""
+    return _connect(path) if factory is None else _connect(path, factory=factory)
+
+
+def _probe_job(tx: Tx) -> None:
+    """``GET /healthz``'s write, in a batch like any job (see :meth:`Store.check`)."""
+    _rewrite_header(cast(Database, tx).conn)
+
+
 def _in_event_loop() -> bool:
     try:
         asyncio.get_running_loop()
@@ -401,23 +220,26 @@ class Store:
         *,
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
         checkpoint_seconds: float = CHECKPOINT_SECONDS,
+        factory: type[sqlite3.Connection] | None = None,
     ) -> None:
         # Use Store.open(); this only wires an already migrated connection.
         self._path = path
         self._wal_limit = wal_limit_bytes
         self._checkpoint_seconds = checkpoint_seconds
-        self._conn = conn
-        self._db = _database(conn)
+        self._factory = factory
         self._queue: queue.SimpleQueue[_Job | object] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
         self._in_job = False
         self._stats = StoreStats()
         self._stats_lock = threading.Lock()
-        conn.execute("PRAGMA wal_autocheckpoint=0")
-        conn.execute(f"PRAGMA journal_size_limit={int(wal_limit_bytes)}")
-        conn.set_authorizer(self._authorize)
-        self._checkpoint_conn = _connect(path)
+        self._health = HealthWatch(path)
+        self._batch_fault: str | None = None  # the store's fault in the batch being run
+        self._generation = 0  # times every connection was closed to recover (_reopen)
+        self._conn: sqlite3.Connection | None = self._prepare(conn)
+        self._db: Database | None = _database(conn)
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_conn: sqlite3.Connection | None = _open_writer(path, factory)
         self._checkpoint_stop = threading.Event()
         self._restart_wal = threading.Event()  # the checkpointer asks the writer
         self._checkpointer = threading.Thread(
@@ -425,8 +247,7 @@ class Store:
         )
         self._checkpointer.start()
         self._readers = ThreadPoolExecutor(max_workers=READERS, thread_name_prefix="masd-read")
-        self._reader_local = threading.local()
-        self._reader_conns: list[sqlite3.Connection] = []
+        self._idle_readers: list[Database] = []  # at most one per reader thread
         self._thread = threading.Thread(target=self._run, name="masd-writer", daemon=True)
         self._thread.start()
 
@@ -438,20 +259,28 @@ class Store:
         migrate: bool = True,
         wal_limit_bytes: int = WAL_LIMIT_BYTES,
         checkpoint_seconds: float = CHECKPOINT_SECONDS,
+        factory: type[sqlite3.Connection] | None = None,
     ) -> Store:
         """Open (creating the file, never its directory) and check or migrate the schema.
 
         With ``migrate=False`` the schema must already be current.  The WAL is
         started over once it holds more than ``wal_limit_bytes``; the
-        checkpointer looks every ``checkpoint_seconds``.
+        checkpointer looks every ``checkpoint_seconds``.  A store that can be
+        read but not written (a read-only file) opens, is found unwritable at
+        its first write or :meth:`check`, and recovers by itself once it can
+        be written; one with migrations pending does not open.
+
+        ``factory``, the class of the connections that write (the writer's,
+        the checkpointer's), is the seam for injecting faults in tests: a
+        :class:`sqlite3.Connection` subclass whose ``execute`` raises.
         """
         p = Path(path)
-        conn = _connect(p)
+        conn = _open_writer(p, factory)
         try:
             if migrate:
-                _apply_pending(p, conn, MIGRATIONS)
+                apply_pending(p, conn, MIGRATIONS)
             else:
-                current = _check_version(p, conn, MIGRATIONS)
+                current = check_version(p, conn, MIGRATIONS)
                 if current < MIGRATIONS[-1].version:
                     pending = [m.name for m in MIGRATIONS if m.version > current]
                     raise StoreError(
@@ -459,7 +288,11 @@ class Store:
                         f"{MIGRATIONS[-1].version}: pending migrations {pending}"
                     )
             return cls(
-                p, conn, wal_limit_bytes=wal_limit_bytes, checkpoint_seconds=checkpoint_seconds
+                p,
+                conn,
+                wal_limit_bytes=wal_limit_bytes,
+                checkpoint_seconds=checkpoint_seconds,
+                factory=factory,
             )
         except BaseException:
             conn.close()
@@ -472,7 +305,27 @@ class Store:
     @property
     def stats(self) -> StoreStats:
         with self._stats_lock:
-            return self._stats
+            stats = self._stats
+        return replace(stats, faults=self._health.faults, reopens=self._health.reopened)
+
+    @property
+    def health(self) -> StoreHealth:
+        """What the writer last found (no I/O): can the store commit?"""
+        return self._health.current
+
+    async def check(self, max_age: float = HEALTH_SECONDS) -> StoreHealth:
+        """Can the store commit?  The last verdict if younger than ``max_age`` s
+        (every transaction gives one; while unwritable the writer probes every
+        second), else a small write to find out (``GET /healthz``).  A closed
+        store raises :class:`StoreError`."""
+        if self._closed:
+            raise StoreError(f"store {self._path} is closed")
+        health = self._health.current
+        if not health.writable or time.monotonic() - health.checked < max_age:
+            return health
+        with contextlib.suppress(StoreError):
+            await self.write(_probe_job)
+        return self._health.current
 
     def __enter__(self) -> Store:
         return self
@@ -538,42 +391,65 @@ class Store:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            item = self._queue.get()
-            batch: list[_Job] = []
-            while True:
-                if item is _STOP:
-                    stopping = True
-                    break
-                batch.append(cast(_Job, item))
-                if len(batch) >= MAX_BATCH:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            if not batch:
-                continue
             try:
-                self._run_batch(batch)
-            except Exception as exc:  # noqa: BLE001 - a writer fault: answer everyone, go on
-                self._abandon()
-                err = StoreError(f"store {self._path}: writer fault: {_reason(exc)}")
-                for job in batch:
-                    with contextlib.suppress(Exception):
-                        job.settle(_Outcome(error=err))
-            if self._restart_wal.is_set():
+                # Blocks while writable; while not, wakes up to probe.
+                item = self._queue.get(timeout=self._health.next_probe_in())
+            except queue.Empty:
+                self._recover()
+                continue
+            batch, stopping = self._take_batch(item)
+            if batch:
+                self._serve(batch)
+            if self._restart_wal.is_set() and self._conn is not None:
                 self._restart_wal.clear()
                 # Between batches the writer holds no transaction, so the
                 # RESTART waits for no writer, only for readers to move on.
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
 
-    def _run_batch(self, batch: list[_Job]) -> None:
+    def _take_batch(self, item: object) -> tuple[list[_Job], bool]:
+        """``item`` and every job waiting behind it (at most MAX_BATCH); True: stop after."""
+        batch: list[_Job] = []
+        while True:
+            if item is _STOP:
+                return batch, True
+            batch.append(cast(_Job, item))
+            if len(batch) >= MAX_BATCH:
+                return batch, False
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, False
+
+    def _serve(self, batch: list[_Job]) -> None:
+        if self._health.next_probe_in() == 0.0:
+            self._recover()  # the batch then runs on the connection that is left
+        if self._conn is None or self._db is None:
+            self._refuse(batch, f"no connection: {self._health.current.detail}")
+            return
+        try:
+            self._run_batch(batch, self._conn, self._db)
+        except Exception as exc:  # noqa: BLE001 - a writer fault: answer everyone, go on
+            self._abandon()
+            self._refuse(batch, f"writer fault: {_reason(exc)}")
+
+    def _refuse(self, batch: list[_Job], why: str) -> None:
+        """Answer every job of ``batch`` with StoreError: the store's fault, not theirs."""
+        self._health.transaction(why)
+        err = StoreError(f"store {self._path}: {why}")
+        for job in batch:
+            with contextlib.suppress(Exception):
+                job.settle(_Outcome(error=err))
+
+    def _run_batch(self, batch: list[_Job], conn: sqlite3.Connection, db: Database) -> None:
         outcomes: list[_Outcome] = []
         start = 0
+        self._batch_fault = None
         while start < len(batch):
-            done = self._transaction(batch, start, outcomes)
+            done = self._transaction(conn, db, batch, start, outcomes)
             start += done
+        # Before anyone is answered: a caller told of a fault finds the store unwritable.
+        self._health.transaction(self._batch_fault)
         for job, out in zip(batch, outcomes, strict=True):
             job.settle(out)
         with self._stats_lock:
@@ -593,30 +469,38 @@ class Store:
                 failed_batches=self._stats.failed_batches + failed,
             )
 
-    def _transaction(self, batch: list[_Job], start: int, outcomes: list[_Outcome]) -> int:
+    def _transaction(
+        self,
+        conn: sqlite3.Connection,
+        db: Database,
+        batch: list[_Job],
+        start: int,
+        outcomes: list[_Outcome],
+    ) -> int:
         """Run jobs from ``batch[start]`` in one transaction; return how many it consumed.
 
         Normally it consumes the rest of the batch.  If SQLite drops the
         transaction under a job, the jobs run so far (that one included) get
         StoreError and the caller starts a new transaction for the rest.
         """
-        conn = self._conn
         try:
             conn.execute(_BEGIN)
         except sqlite3.Error as exc:
             self._count_batch(failed=True)
+            self._batch_fault = _reason(exc)
             err = StoreError(f"store {self._path}: cannot begin a transaction: {_reason(exc)}")
             outcomes.extend(_Outcome(error=err) for _ in batch[start:])
             return len(batch) - start
         mine: list[_Outcome] = []
         for job in batch[start:]:
             try:
-                mine.append(self._run_job(job))
+                mine.append(self._run_job(conn, db, job))
             except sqlite3.Error as exc:
                 # The transaction is gone or unusable (I/O error, disk full,
                 # a savepoint that cannot be released): undo it all.
                 self._abandon()
                 self._count_batch(failed=True)
+                self._batch_fault = _reason(exc)
                 err = StoreError(f"store {self._path}: transaction lost: {_reason(exc)}")
                 outcomes.extend(_Outcome(error=err) for _ in range(len(mine) + 1))
                 return len(mine) + 1
@@ -625,6 +509,7 @@ class Store:
         except sqlite3.Error as exc:
             self._abandon()
             self._count_batch(failed=True)
+            self._batch_fault = _reason(exc)
             err = StoreError(f"store {self._path}: commit failed: {_reason(exc)}")
             outcomes.extend(_Outcome(error=err) for _ in mine)
             return len(mine)
@@ -633,18 +518,17 @@ class Store:
         return len(mine)
 
     def _abandon(self) -> None:
-        if self._conn.in_transaction:
+        if self._conn is not None and self._conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.execute(_ROLLBACK)
 
-    def _run_job(self, job: _Job) -> _Outcome:
+    def _run_job(self, conn: sqlite3.Connection, db: Database, job: _Job) -> _Outcome:
         """Run one job in its savepoint.  Raises sqlite3.Error only if the
         transaction itself is lost; the job's own failures become its outcome."""
-        conn = self._conn
         conn.execute(_SAVEPOINT)
         self._in_job = True
         try:
-            value = job.fn(self._db)
+            value = job.fn(db)
             if isinstance(value, types.GeneratorType | sqlite3.Cursor):
                 raise StoreError(
                     f"store job {getattr(job.fn, '__qualname__', job.fn)!r} returned a lazy "
@@ -656,6 +540,9 @@ class Store:
                 raise sqlite3.OperationalError(f"transaction rolled back by SQLite: {exc}") from exc
             conn.execute(_ROLLBACK_TO)
             conn.execute(_RELEASE)
+            # A write refused by the store (read-only, disk full) fails the
+            # statement, not always the transaction: still the store's fault.
+            self._batch_fault = self._batch_fault or fault_of(exc)
             return _Outcome(error=_as_caller_error(exc))
         self._in_job = False
         if not conn.in_transaction:
@@ -663,20 +550,73 @@ class Store:
         conn.execute(_RELEASE)
         return _Outcome(value=value)
 
+    # -- recovering -------------------------------------------------------------
+
+    def _prepare(self, conn: sqlite3.Connection) -> sqlite3.Connection:
+        """Make ``conn`` the writer's: no automatic checkpoints, the job authorizer."""
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        conn.execute(f"PRAGMA journal_size_limit={int(self._wal_limit)}")
+        conn.set_authorizer(self._authorize)
+        return conn
+
+    def _recover(self) -> None:
+        """Probe the writer's connection; failing that, open every connection again."""
+        fault = "no connection" if self._conn is None else probe(self._conn)
+        reopened = False
+        if fault is not None:
+            fault = self._reopen()
+            reopened = fault is None
+        self._health.probed(fault, reopened=reopened)
+
+    def _reopen(self) -> str | None:
+        """Close the store's connections, open the writer's again and probe it.
+
+        SQLite shares one wal-index per database file among the connections
+        of a process: once one opened it read-only, a new connection writes
+        only after every one of them is closed.  Readers and the checkpointer
+        open theirs again when next needed (a read in flight closes its own
+        when done, and may delay this until the next probe).
+        """
+        with self._lock:
+            self._generation += 1
+            idle, self._idle_readers = self._idle_readers, []
+        # The checkpointer waits until the writer's connection is open again.
+        with self._checkpoint_lock:
+            closing = [*(db.conn for db in idle), self._checkpoint_conn, self._conn]
+            self._checkpoint_conn = self._conn = self._db = None
+            for conn in closing:
+                if conn is not None:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.close()
+            try:
+                conn = self._prepare(_open_writer(self._path, self._factory))
+            except (StoreError, sqlite3.Error) as exc:
+                return exc.detail if isinstance(exc, StoreError) else _reason(exc)
+            self._conn, self._db = conn, _database(conn)
+        return probe(conn)
+
     # -- reading --------------------------------------------------------------
 
-    def _reader(self) -> Database:
-        db = getattr(self._reader_local, "db", None)
-        if db is None:
-            conn = _connect(self._path, query_only=True)
-            with self._lock:
-                self._reader_conns.append(conn)
-            db = _database(conn)
-            self._reader_local.db = db
-        return cast(Database, db)
+    def _checkout(self) -> tuple[Database, int]:
+        """An idle reader connection, or a new one; and the generation it belongs to."""
+        with self._lock:
+            generation = self._generation
+            if self._idle_readers:
+                return self._idle_readers.pop(), generation
+        return _database(_connect(self._path, query_only=True)), generation
+
+    def _checkin(self, db: Database, generation: int) -> None:
+        with self._lock:
+            if not self._closed and generation == self._generation:
+                self._idle_readers.append(db)
+                return
+        db.conn.close()  # the store reopened (or closed) meanwhile
 
     def _run_read(self, fn: Callable[[Tx], T]) -> T:
-        db = self._reader()
+        try:
+            db, generation = self._checkout()
+        except StoreError as exc:
+            raise StoreError(f"store {self._path}: read failed: {exc.detail}") from exc
         conn = db.conn
         try:
             conn.execute("BEGIN")
@@ -687,6 +627,8 @@ class Store:
                     conn.execute("ROLLBACK")
         except sqlite3.Error as exc:
             raise StoreError(f"store {self._path}: read failed: {_reason(exc)}") from exc
+        finally:
+            self._checkin(db, generation)
         if isinstance(value, types.GeneratorType | sqlite3.Cursor):
             raise StoreError(f"store read returned a lazy {type(value).__name__}; return a list")
         return value
@@ -713,23 +655,28 @@ class Store:
 
     def _checkpoints(self) -> None:
         """Copy the WAL into the database beside the writer (see the module docstring)."""
-        conn = self._checkpoint_conn
-        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
         while not self._checkpoint_stop.wait(self._checkpoint_seconds):
-            try:
-                # PASSIVE copies what it can without holding anyone up.  Under
-                # steady writes the log never catches up, so SQLite never
-                # starts it over and it only grows: past the limit the writer
-                # runs a RESTART between two batches (from here it would wait
-                # for a gap between commits that may never come), which right
-                # after this PASSIVE one has only the last frames to copy.
-                _busy, frames, _done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                if frames * page_size > self._wal_limit:
-                    self._restart_wal.set()
-            except (sqlite3.Error, OSError):
-                # Busy or failing now; the WAL keeps everything and the next
-                # round tries again (the last connection to close checkpoints too).
-                continue
+            with self._checkpoint_lock:
+                try:
+                    if self._checkpoint_conn is None:  # closed by the writer to recover
+                        self._checkpoint_conn = _open_writer(self._path, self._factory)
+                    self._checkpoint(self._checkpoint_conn)
+                except (sqlite3.Error, OSError, StoreError):
+                    # Busy or failing now; the WAL keeps everything and the next
+                    # round tries again (the last connection to close checkpoints too).
+                    continue
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        # PASSIVE copies what it can without holding anyone up.  Under steady
+        # writes the log never catches up, so SQLite never starts it over and
+        # it only grows: past the limit the writer runs a RESTART between two
+        # batches (from here it would wait for a gap between commits that may
+        # never come), which right after this PASSIVE one has only the last
+        # frames to copy.
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        _busy, frames, _done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if frames * page_size > self._wal_limit:
+            self._restart_wal.set()
 
     def close(self) -> None:
         """Refuse new work, run every job already submitted, then close."""
@@ -743,8 +690,12 @@ class Store:
         self._thread.join()
         self._checkpoint_stop.set()
         self._checkpointer.join()
-        self._checkpoint_conn.close()
+        if self._checkpoint_conn is not None:
+            self._checkpoint_conn.close()
         self._readers.shutdown(wait=True)
-        self._conn.close()
-        for conn in self._reader_conns:
-            conn.close()
+        if self._conn is not None:
+            self._conn.close()
+        with self._lock:
+            idle, self._idle_readers = self._idle_readers, []
+        for db in idle:
+            db.conn.close()

@@ -1,13 +1,8 @@
-"""Counts for ``GET /metrics`` and ``GET /healthz``, read in one snapshot (:mod:`masd.metrics`)."""
+"""Counts for ``GET /metrics``, read in one snapshot (:mod:`masd.metrics`)."""
 
 from __future__ import annotations
 
-from masd.store.sql import Tx, tuples, value
-
-
-def ping(tx: Tx) -> None:
-    """Answer if the store can run a query at all (``GET /healthz``)."""
-    value(tx, "SELECT 1")
+from masd.store.sql import Tx, tuples
 
 
 def outbox_depth(tx: Tx) -> list[tuple[str, str, int, int]]:
