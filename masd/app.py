@@ -67,7 +67,7 @@ def sd_notify(state: str) -> bool:
 
 
 def new_id() -> str:
-    """A random id of 128 bits (PROFILE §1: handoff ids "cannot be guessed")."""
+    """A random id of 128 bits (docs/protocol.md §2: handoff ids "cannot be guessed")."""
     return secrets.token_hex(16)
 
 
@@ -98,7 +98,7 @@ class Listening:
     lmtp: asyncio.AbstractServer
     http: HttpServer
     policy: PolicyServer | None = None  # server.policy (Postfix policy delegation)
-    milter: MilterServer | None = None  # server.milter (PROFILE §13)
+    milter: MilterServer | None = None  # server.milter (docs/protocol.md §17)
 
 
 class App:

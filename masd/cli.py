@@ -175,7 +175,9 @@ def db_backup(config_file: Path, dest: Path) -> None:
 
 @main.group()
 def conformance() -> None:
-    """The conformance suite (CONTRACT §7): play a role's flows against an implementation."""
+    """The conformance suite (docs/protocol.md §19): play a role's flows against an
+    implementation.
+    """
 
 
 @conformance.command("run")

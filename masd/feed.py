@@ -32,7 +32,7 @@ from masd.store.feed import EntryRow, events, last_events, last_pos
 #: ``limit`` of a page of events: default and largest.
 DEFAULT_EVENTS: Final = 100
 MAX_EVENTS: Final = 1000
-#: The longest ``wait`` of a long poll, in seconds (PROFILE §11).
+#: The longest ``wait`` of a long poll, in seconds (docs/protocol.md §16).
 MAX_WAIT: Final = 60
 #: How often a waiter looks again without being told of a commit.
 POLL_SECONDS: Final = 1.0

@@ -1,4 +1,4 @@
-"""Counters for ``GET /metrics`` (Prometheus text format, PROFILE §6).
+"""Counters for ``GET /metrics`` (Prometheus text format, docs/protocol.md §9).
 
 A counter is a name, a help text and labelled values; gauges are read from
 the store when the page is rendered (:func:`store_gauges`).
@@ -89,7 +89,7 @@ def store_gauges(tx: Tx) -> Gauges:
     - ``masd_handoff_statuses{status}``: statuses recorded over all handoffs
       (every transition, by email or by a mode).
     - ``masd_sends_refused{reason}``: ``mail.refused`` thread entries by
-      reason (Principle 10 refusals, PROFILE §3).
+      reason (Principle 10 refusals, docs/protocol.md §4).
 
     The last two scan their tables; fine for a scrape every few seconds on
     a store of modest size.

@@ -1,4 +1,4 @@
-"""Peers of masd and who a credential says a caller is (PROFILE §6).
+"""Peers of masd and who a credential says a caller is (docs/protocol.md §9).
 
 "each peer (mode endpoint, master, webhook) has a secret in a file ...  The
 sender's identity is the peer whose secret matched, never a field of the

@@ -1,4 +1,4 @@
-"""The read side: cases, their handoffs and threads as JSON and as text (PROFILE §11).
+"""The read side: cases, their handoffs and threads as JSON and as text (docs/protocol.md §16).
 
 Every function taking a store handle runs inside one store read job
 (``await store.read(lambda tx: case_json(tx, key))``), so what it returns is
@@ -36,7 +36,7 @@ from masd.store import Tx, cases, reads
 from masd.store.feed import CaseRow, Delivery, EntryRow, case_entries, keys_with_id
 from masd.store.feed import cases as case_rows
 
-#: ``limit`` of a thread page: default and largest (PROFILE §11 read side).
+#: ``limit`` of a thread page: default and largest (docs/protocol.md §16 read side).
 DEFAULT_LIMIT: Final = 100
 MAX_LIMIT: Final = 1000
 #: ``limit`` of a page of the case list: default (the largest is MAX_LIMIT).
@@ -60,7 +60,7 @@ def normalize_key(text: str) -> str:
     """The equivalence key of a case address or key in any spelling.
 
     ``ticket=GS-1@Help.Example`` and ``ticket=gs-1@help.example`` name the
-    same case (PROFILE §1).  Text that is not a resource address is returned
+    same case (docs/protocol.md §2).  Text that is not a resource address is returned
     unchanged, so the lookup simply finds nothing.
     """
     try:
@@ -136,7 +136,7 @@ WITHDRAWN: Final = "withdrawn before it went out (its handoff's deadline passed)
 
 
 def delivery_json(d: Delivery) -> dict[str, Any]:
-    """PROFILE §11 delivery state of an outbox row (docs/protocol.md §16.3).
+    """docs/protocol.md §16 delivery state of an outbox row (docs/protocol.md §16.3).
 
     A pending row is ``queued`` until its first try, then ``retrying``; a
     delivered one ``sent`` (also once housekeeping removed it); one given up,

@@ -1,4 +1,4 @@
-"""MAS addresses (PROFILE §1): the conformance examples, properties and helpers."""
+"""MAS addresses (docs/protocol.md §2): the conformance examples, properties and helpers."""
 
 from __future__ import annotations
 

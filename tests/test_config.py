@@ -1,4 +1,4 @@
-"""masd.config: every rule of PROFILE §10 with a good and a bad value."""
+"""masd.config: every rule of docs/protocol.md §18 with a good and a bad value."""
 
 from __future__ import annotations
 
@@ -250,7 +250,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert server.hostname == "localhost"
     assert config.warnings == (
         "server.trusted_authserv_ids: empty: no Authentication-Results is trusted, so no mail "
-        "can be authenticated and no handoff or reply will be sent (PROFILE §3)",
+        "can be authenticated and no handoff or reply will be sent (docs/protocol.md §4)",
     )
     ticket = config.domains["help.example"].types["ticket"]
     assert ticket.id_prefix == "ticket-"
@@ -557,13 +557,13 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         (*TYPES, "1ticket"),
         {"role": "master"},
         'domains."help.example".types.1ticket: "1ticket" is not a type name (a letter, then up to '
-        "31 letters, digits or hyphens; PROFILE §1)",
+        "31 letters, digits or hyphens; docs/protocol.md §2)",
     ),
     (
         (*TYPES, "t" * 33),
         {"role": "master"},
         f'domains."help.example".types.{"t" * 33}: "{"t" * 33}" is not a type name (a letter, '
-        "then up to 31 letters, digits or hyphens; PROFILE §1)",
+        "then up to 31 letters, digits or hyphens; docs/protocol.md §2)",
     ),
     (
         (*TYPES, "Ticket"),
@@ -596,38 +596,38 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         (*TICKET, "modes"),
         ["callback", "1x"],
         f'{T}.modes[1]: "1x" is not a mode name (a letter, then up to 15 letters, digits or '
-        "hyphens; PROFILE §1)",
+        "hyphens; docs/protocol.md §2)",
     ),
     (
         (*TICKET, "modes"),
         ["callback", "m" * 17],
         f'{T}.modes[1]: "{"m" * 17}" is not a mode name (a letter, then up to 15 letters, digits '
-        "or hyphens; PROFILE §1)",
+        "or hyphens; docs/protocol.md §2)",
     ),
     ((*TICKET, "modes"), ["callback", "Callback"], f'{T}.modes[1]: "Callback" is listed twice'),
     (
         (*TICKET, "id_prefix"),
         "gs/",
         f'{T}.id_prefix: "gs/" is not made of id characters '
-        "(letters, digits, -, _ and inner single dots; PROFILE §1)",
+        "(letters, digits, -, _ and inner single dots; docs/protocol.md §2)",
     ),
     (
         (*TICKET, "id_prefix"),
         ".gs",
         f'{T}.id_prefix: ".gs" is not made of id characters '
-        "(letters, digits, -, _ and inner single dots; PROFILE §1)",
+        "(letters, digits, -, _ and inner single dots; docs/protocol.md §2)",
     ),
     (
         (*TICKET, "id_prefix"),
         "g..s",
         f'{T}.id_prefix: "g..s" is not made of id characters '
-        "(letters, digits, -, _ and inner single dots; PROFILE §1)",
+        "(letters, digits, -, _ and inner single dots; docs/protocol.md §2)",
     ),
     (
         (*TICKET, "id_prefix"),
         "p" * 31,
         f'{T}.id_prefix: "{"p" * 31}" is too long: ticket='
-        f"{'p' * 31} and a 10-digit number must fit in 47 octets (PROFILE §1)",
+        f"{'p' * 31} and a 10-digit number must fit in 47 octets (docs/protocol.md §2)",
     ),
     (
         (*TICKET, "master"),
@@ -649,7 +649,7 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         (*TICKET, "endpoints", "sms"),
         {"url": "http://x/", "token_file": "t", "deadline": "1h"},
         f'{T}.endpoints.sms: "sms" is not in modes, so this endpoint could never be used (a '
-        "handoff to it is refused with mode-not-enabled, PROFILE §3)",
+        "handoff to it is refused with mode-not-enabled, docs/protocol.md §4)",
     ),
     (
         (*TICKET, "endpoints", "Callback"),
@@ -660,7 +660,7 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         (*TICKET, "endpoints", "9x"),
         {},
         f'{T}.endpoints.9x: "9x" is not a mode name (a letter, '
-        "then up to 15 letters, digits or hyphens; PROFILE §1)",
+        "then up to 15 letters, digits or hyphens; docs/protocol.md §2)",
     ),
     (
         (*ENDPOINT, "url"),
@@ -706,7 +706,8 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
     (
         (*CASE, "modes"),
         ["callback"],
-        f"{C}.modes: not allowed in a slave type (modes do not apply to slave types, PROFILE §9)",
+        f"{C}.modes: not allowed in a slave type "
+        "(modes do not apply to slave types, docs/protocol.md §13)",
     ),
     (
         (*CASE, "endpoints"),
@@ -777,13 +778,13 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         (*CASE, "policy"),
         {"transfers": {"webhook": "http://127.0.0.1:9004/hooks"}},
         f'{C}.policy.transfers.webhook: "http://127.0.0.1:9004/hooks" is not under any webhooks '
-        "url (same scheme, host and port, and a path under its path; PROFILE §10)",
+        "url (same scheme, host and port, and a path under its path; docs/protocol.md §18)",
     ),
     (
         (*CASE, "policy"),
         {"transfers": {"webhook": "http://127.0.0.1:9003/hooksx"}},
         f'{C}.policy.transfers.webhook: "http://127.0.0.1:9003/hooksx" is not under any webhooks '
-        "url (same scheme, host and port, and a path under its path; PROFILE §10)",
+        "url (same scheme, host and port, and a path under its path; docs/protocol.md §18)",
     ),
     (
         (*CASE, "policy"),
@@ -903,7 +904,7 @@ def test_every_error_is_collected_in_file_order(secrets_dir: Path) -> None:
         f'{C}.webhooks[0].fields[1]: "not ok" is not a field name (letters, digits, - and _; '
         "up to 64)",
         f'{C}.policy.transfers.webhook: "http://evil.example/" is not under any webhooks url '
-        "(same scheme, host and port, and a path under its path; PROFILE §10)",
+        "(same scheme, host and port, and a path under its path; docs/protocol.md §18)",
     ]
 
 
@@ -951,7 +952,7 @@ def test_mode_without_endpoint_is_a_warning(secrets_dir: Path) -> None:
     config = parse_config(data, base_dir=secrets_dir)
     assert config.warnings == (
         f'{T}.modes: "sms" has no endpoint: a handoff to it is refused with mode-unavailable '
-        "(PROFILE §3)",
+        "(docs/protocol.md §4)",
     )
     assert config.domains["help.example"].types["ticket"].modes == ("callback", "sms")
 

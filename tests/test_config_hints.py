@@ -112,7 +112,8 @@ MISSPELT = [
         "types.ticket.endpoints.calback]",
         [
             f'{T}.endpoints.calback: "calback" is not in modes, so this endpoint could never be '
-            "used (a handoff to it is refused with mode-not-enabled, PROFILE §3), did you mean "
+            "used (a handoff to it is refused with mode-not-enabled, docs/protocol.md §4), "
+            "did you mean "
             '"callback"?'
         ],
     ),
@@ -186,7 +187,7 @@ def test_an_unknown_role_still_lets_every_other_key_of_the_type_be_checked(
     assert errors(example) == [
         f'{T}.role: "boss" is not "master" or "slave"',
         f'{T}.id_prefix: "g s" is not made of id characters (letters, digits, -, _ and inner '
-        "single dots; PROFILE §1)",
+        "single dots; docs/protocol.md §2)",
         f'{EP}.deadline: "2 hours" is not a duration (30s, 15m, 2h, 3d)',
         f"{C}.role: 1 is not a string",
         f'{C}.master.url: "ftp://crm/" is not an absolute http or https URL',

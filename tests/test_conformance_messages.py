@@ -1,4 +1,4 @@
-"""Conformance messages (CONTRACT §5, PROFILE §6): the schemas, and masd's answer to each file.
+"""Conformance messages (docs/protocol.md §8, §9): the schemas, and masd's answer to each file.
 
 ``conformance/messages/{valid,invalid}/*.json`` are described in
 ``conformance/messages/README.md``.  Here:
@@ -50,7 +50,7 @@ DOMAIN = "help.example"
 AUTHSERV_ID = "mx.help.example"
 WAIT = 20.0  # the bound of every wait for something masd does on its own
 
-#: Files masd answers otherwise than PROFILE §6 says (the file is right), with
+#: Files masd answers otherwise than docs/protocol.md §9 says (the file is right), with
 #: the (status, error) masd gives today.  The test checks masd still answers
 #: exactly that, so an entry fails once masd is fixed and must then go.
 KNOWN_DISAGREEMENTS: dict[str, tuple[int, str]] = {}
@@ -84,7 +84,7 @@ SCHEMA_SOUND = sorted(
     n for n in INVALID if n not in SCHEMA_FAULTS and isinstance(FILES[n].get("message"), dict)
 )
 
-#: CONTRACT §5: who sends each type, as (direction, sender) pairs.
+#: docs/protocol.md §8: who sends each type, as (direction, sender) pairs.
 DIRECTIONS: dict[str, set[tuple[str, str]]] = {
     "handoff.request": {("from-email", "email")},
     "handoff.update": {("from-email", "email")},
@@ -98,7 +98,7 @@ DIRECTIONS: dict[str, set[tuple[str, str]]] = {
     "mail.send": {("to-email", "master")},
 }
 
-#: PROFILE §6, every refusal in its order of checks (and §5's mail.send reasons).
+#: docs/protocol.md §9, every refusal in its order of checks (and §5's mail.send reasons).
 PROFILE_REFUSALS = (
     (401, "unauthenticated"),
     (415, "unsupported-media-type"),
@@ -215,7 +215,7 @@ def test_every_schema_is_a_valid_draft_2020_12_schema() -> None:
 
 
 def test_the_schemas_bounds_are_masds() -> None:
-    """The schema's bounds are the ones masd's decoder enforces (PROFILE §6)."""
+    """The schema's bounds are the ones masd's decoder enforces (docs/protocol.md §9)."""
     from masd.core import wire
 
     env = json.loads((SCHEMA_DIR / "envelope.schema.json").read_text(encoding="utf-8"))
@@ -316,7 +316,7 @@ def _ids_by_peer(name: str) -> set[tuple[str, str]]:
 
 
 def test_message_ids_are_unique_across_files() -> None:
-    """One masd plays every file, and it keeps (peer, id) for idempotency (PROFILE §6)."""
+    """One masd plays every file, and it keeps (peer, id) for idempotency (docs/protocol.md §9)."""
     seen: dict[tuple[str, str], str] = {}
     for name in TO_EMAIL:
         for key in _ids_by_peer(name):
@@ -336,9 +336,9 @@ def test_the_files_cover_every_type_direction_and_refusal() -> None:
     reasons = {FILES[n]["expect"].get("reason") for n in INVALID}
     assert set(SEND_REFUSALS) <= reasons
     bodies = [FILES[n].get("expect", {}).get("body") for n in VALID]
-    assert {"ok": True, "ignored": "stale"} in bodies, "a stale status (CONTRACT §2)"
+    assert {"ok": True, "ignored": "stale"} in bodies, "a stale status (docs/protocol.md §7)"
     assert any(FILES[n].get("before") for n in VALID if n in TO_EMAIL), "a repeated id"
-    # Every peer kind sends a type it may not send, and is refused (PROFILE §6's 403).
+    # Every peer kind sends a type it may not send, and is refused (docs/protocol.md §9's 403).
     forbidden_senders = {
         FILES[n]["sender"]
         for n in INVALID
@@ -357,7 +357,7 @@ def test_valid_file_validates(name: str) -> None:
     message = substitute(doc["message"], sample_bindings(file_state(doc)))
     assert schema_errors(message) == []
     if message["type"] == "case.message":
-        # PROFILE §12: the event's message_ref is the message's message_ref.
+        # docs/protocol.md §15: the event's message_ref is the message's message_ref.
         assert message["event"]["message_ref"] == message["message_ref"]
 
 
@@ -754,12 +754,12 @@ def _check_outbound(masd: Masd, peer_name: str, rec: Recorded) -> None:
     message = rec.json
     assert rec.method == "POST"
     assert rec.headers.get("content-type", "").startswith("application/json")
-    # PROFILE §6: "masd sends the same header to that peer".
+    # docs/protocol.md §9: "masd sends the same header to that peer".
     assert rec.headers.get("authorization") == f"Bearer {masd.secrets[peer_name]}"
     assert isinstance(message, dict), rec.body[:200]
     assert schema_errors(message) == [], (message.get("type"), schema_errors(message))
     if message["type"] in ("case.message",):
-        # PROFILE §12: event.message_ref equals the message's top-level message_ref.
+        # docs/protocol.md §15: event.message_ref equals the message's top-level message_ref.
         assert message["event"]["message_ref"] == message["message_ref"]
 
 
@@ -844,7 +844,7 @@ async def _send_everything(m: Masd) -> None:
         "handoff.cancel",
         lambda j: j.get("type") == "handoff.cancel" and j.get("handoff_id") == t["handoff_id"],
     )
-    # Blocked (PROFILE §3): a !MODE from someone else than the participant.
+    # Blocked (docs/protocol.md §4): a !MODE from someone else than the participant.
     await m.mail(
         f"stranger-{secrets.token_hex(3)}@example.org", f"case={s['resource_id']}!chat@{DOMAIN}"
     )

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 MUTANTS = [
     pytest.param(
-        # CONTRACT §2: "A receiver MUST ignore a status whose seq is not greater
+        # docs/protocol.md §7: "A receiver MUST ignore a status whose seq is not greater
         # than the last one it accepted".
         "masd/core/engine.py",
         "if handoff.last_seq is not None and msg.seq <= handoff.last_seq:",
@@ -32,7 +32,7 @@ MUTANTS = [
         id="ignore-seq",
     ),
     pytest.param(
-        # PROFILE §3: "Steering a case needs an authenticated, non-automated sender".
+        # docs/protocol.md §4: "Steering a case needs an authenticated, non-automated sender".
         "masd/core/engine.py",
         "if typ.require_dmarc_for_handoff and not mail.auth.authenticated:",
         "if False:",
@@ -40,7 +40,8 @@ MUTANTS = [
         id="no-dmarc-for-steering",
     ),
     pytest.param(
-        # CONTRACT §4: "timed-out: recorded only by the timeout owner ... A mode MUST NOT send it."
+        # docs/protocol.md §14: "timed-out: recorded only by the timeout owner ... A mode MUST NOT
+        # send it."
         "masd/core/engine.py",
         'MACHINE.check(handoff.status, msg.status, source="mode", timeout_owner=False)',
         'MACHINE.check(handoff.status, msg.status, source="email", timeout_owner=True)',
@@ -48,7 +49,7 @@ MUTANTS = [
         id="mode-may-send-timed-out",
     ),
     pytest.param(
-        # CONTRACT §2: "A receiver MUST treat a repeated id as already processed".
+        # docs/protocol.md §7: "A receiver MUST treat a repeated id as already processed".
         "masd/store/idempotency.py",
         '    if kept is not None:\n        return int(kept["status"]), json.loads(kept["body"])',
         "    if False:\n        pass",

@@ -1,4 +1,4 @@
-"""The conformance runner (CONTRACT §7): the master suite, the flow loader, the matcher.
+"""The conformance runner (docs/protocol.md §19): the master suite, the flow loader, the matcher.
 
 ``test_master_suite_passes`` is the suite CI runs: ``masd conformance run
 --role master`` as a subprocess, every flow against a real masd process.
@@ -119,7 +119,7 @@ def test_schema_is_a_valid_draft_2020_12_schema() -> None:
 MINIMAL: dict[str, Any] = {
     "name": "minimal",
     "role": "master",
-    "covers": ["PROFILE §2"],
+    "covers": ["docs/protocol.md §3"],
     "description": "One mail.",
     "steps": [{"mail": {"to": "ticket@help.example"}}],
 }
@@ -376,8 +376,10 @@ def test_peer_ports_are_built_in_variables() -> None:
 def test_no_master_clause_without_a_master_flow() -> None:
     assert coverage.gaps(load_flows(FLOWS, "master"), "master") == []
     listed = {c.id for c in CLAUSES}
-    assert {f"CONTRACT §{n}" for n in ("2", "4", "5", "6")} <= listed
-    assert {f"PROFILE §{n}" for n in range(1, 10)} <= listed
+    # The contract's parties, status machine, message types and Principle 10, and every
+    # section of the protocol document from addresses to the slave role.
+    assert {f"docs/protocol.md §{n}" for n in ("7", "14", "8", "4.4")} <= listed
+    assert {f"docs/protocol.md §{n}" for n in range(2, 14) if n not in (7, 8, 11)} <= listed
 
 
 # --------------------------------------------------------------------------- the runner fails
@@ -451,7 +453,7 @@ def test_runner_usage_errors_exit_2(tmp_path: Path) -> None:
 def test_runner_checks_the_path_and_knows_peer_ports(tmp_path: Path) -> None:
     folder = tmp_path / "flows" / "slave"
     folder.mkdir(parents=True)
-    base = {"role": "slave", "covers": ["CONTRACT §3.2.1"], "description": "One intake."}
+    base = {"role": "slave", "covers": ["docs/protocol.md §13.1"], "description": "One intake."}
     right = {
         **base,
         "name": "right-path",

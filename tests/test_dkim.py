@@ -1,4 +1,4 @@
-"""DKIM signing and the SMTP sender (PROFILE §4), verified the way a receiver would."""
+"""DKIM signing and the SMTP sender (docs/protocol.md §5), verified the way a receiver would."""
 
 from __future__ import annotations
 

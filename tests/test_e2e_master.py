@@ -1,11 +1,11 @@
-"""Black-box runs of the master role (CONTRACT §3.1, PROFILE §2-§8).
+"""Black-box runs of the master role (docs/protocol.md §11, §3-§6, §9-§10, §12).
 
 masd runs as a real process (``python -m masd serve --config FILE``) with a
 configuration written here.  Everything is on loopback: mail goes in over
 LMTP (:mod:`masd.lmtpclient`), the mode endpoint is a
 :class:`~masd.testing.peers.FakePeer`, the SMTP relay an
 :class:`~masd.testing.peers.SmtpSink`, and what masd recorded is read back
-through the HTTP read side (PROFILE §11) with the admin secret.
+through the HTTP read side (docs/protocol.md §16) with the admin secret.
 
 Waits are bounded polls; no test asserts on how long anything took.
 """
@@ -204,7 +204,7 @@ def test_intake_creates_case_and_acknowledges(tmp_path: Path) -> None:
             kinds = [e["kind"] for e in await run.thread(1)]
             assert kinds == ["mail.in", "mail.out"]
 
-            # PROFILE §2: the same message again is accepted and recorded once.
+            # docs/protocol.md §3: the same message again is accepted and recorded once.
             again = await run.deliver(["ticket@help.example"], ANN, data)
             assert again.codes == (250,)
             assert await run.case_status(2) == 404
@@ -239,7 +239,7 @@ def test_callback_request_statuses_and_one_resume_mail(tmp_path: Path) -> None:
             assert body["details"] == {"subject": "Call me", "phone": "+1 555 0100"}
             assert body["status_url"] == run.setup.messages_url
             assert body["participant"] == {"address": BOB}
-            assert len(body["handoff_id"]) >= 32  # PROFILE §1: at least 128 bits
+            assert len(body["handoff_id"]) >= 32  # docs/protocol.md §2: at least 128 bits
 
             await run.sink.wait_for(1, WAIT)  # the acknowledgement
             for seq, status in ((1, "scheduled"), (2, "running")):
@@ -249,7 +249,7 @@ def test_callback_request_statuses_and_one_resume_mail(tmp_path: Path) -> None:
             done = await run.post_status(request, 3, "completed", mid="status-done-1")
             assert done.status_code == 200, done.text
 
-            # CONTRACT §2: a repeated id is already processed: the same answer, nothing new.
+            # docs/protocol.md §7: a repeated id is already processed: the same answer, nothing new.
             mails_before = len(await run.kinds(1, "mail.out"))
             again = await run.post_status(request, 3, "completed", mid="status-done-1")
             assert (again.status_code, again.json()) == (done.status_code, done.json())
@@ -292,7 +292,7 @@ def test_negotiation_question_and_update(tmp_path: Path) -> None:
             assert email.utils.parseaddr(question.message["From"])[1] == case_address(1)
             assert "phone:" in text_of(question).splitlines()
 
-            # Someone else's reply supplies nothing (PROFILE §3).
+            # Someone else's reply supplies nothing (docs/protocol.md §4).
             await run.send(case_address(1), BOB, body="phone: +1 555 6666\n")
             # The participant's reply, quoting the question, supplies the phone.
             await run.send(
@@ -334,7 +334,7 @@ def test_mode_without_endpoint_refused_mode_unavailable(tmp_path: Path) -> None:
                 ("refused", "mode-unavailable"),
             ]
             assert all(s["source"] == "email" for s in statuses)
-            # PROFILE §4: the acknowledgement and the resume notice are one mail.
+            # docs/protocol.md §5: the acknowledgement and the resume notice are one mail.
             assert len([e for e in entries if e["kind"] == "mail.out"]) == 1
             (mail,) = await run.sink.wait_for(1, WAIT)
             text = text_of(mail)
@@ -443,7 +443,7 @@ def test_deadline_times_out_cancels_and_resumes(tmp_path: Path) -> None:
             assert "in time" in text_of(resume)
             (timed_out,) = [e for e in await run.kinds(1, "status") if e["status"] == "timed-out"]
             assert timed_out["source"] == "email"
-            # PROFILE §8: a later status with a new seq is an invalid transition.
+            # docs/protocol.md §12: a later status with a new seq is an invalid transition.
             late = await run.post_status(request, 2, "running")
             assert late.status_code == 409
             assert late.json()["error"] == "invalid-transition"

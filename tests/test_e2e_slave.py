@@ -1,4 +1,5 @@
-"""Black-box runs of the slave role (CONTRACT §3.2, §5, §6; PROFILE §2, §3, §6, §9, §10).
+"""Black-box runs of the slave role (docs/protocol.md §13, §8, §4.4; docs/protocol.md §3, §4, §9,
+§13, §18).
 
 masd runs as a real process with a configuration written by
 :func:`support.slave.write_slave_config`.  Everything is on loopback: mail
@@ -6,7 +7,7 @@ goes in over LMTP, the outside master and the transfers webhook are
 :class:`~masd.testing.peers.FakePeer` servers, the SMTP relay is an
 :class:`~masd.testing.peers.SmtpSink`, and the test plays the master and the
 webhook by POSTing contract messages to masd with their secrets.  What masd
-recorded is read back through the HTTP read side (PROFILE §11).
+recorded is read back through the HTTP read side (docs/protocol.md §16).
 
 Waits are bounded polls; no test asserts on how long anything took.
 """
@@ -43,7 +44,7 @@ EVENT_SCHEMA = jsonschema.Draft202012Validator(
 
 
 def ref(resource_id: str, domain: str = "help.example") -> dict[str, str]:
-    """The envelope's ``case`` for ``case=<resource_id>@<domain>`` (PROFILE §1)."""
+    """The envelope's ``case`` for ``case=<resource_id>@<domain>`` (docs/protocol.md §2)."""
     return {
         "address": f"case={resource_id}@{domain}",
         "key": f"case={resource_id.casefold()}@{domain}",
@@ -253,9 +254,9 @@ def test_intake_is_reported_and_no_id_is_invented(tmp_path: Path) -> None:
             _, asked = await run.intake("case!callback@help.example", BOB, body="phone: 1\n")
             for message, mode in ((plain, None), (asked, "callback")):
                 assert message["mas_modes_version"] == "0.1"
-                assert "case" not in message  # CONTRACT §2: absent only in case.intake
+                assert "case" not in message  # docs/protocol.md §7: absent only in case.intake
                 assert message["resource_type"] == "case"
-                assert message["requested_mode"] == mode  # PROFILE §9: null when none
+                assert message["requested_mode"] == mode  # docs/protocol.md §13: null when none
                 assert message["intake_ref"]
                 EVENT_SCHEMA.validate(message["event"])
             assert plain["intake_ref"] != asked["intake_ref"]
@@ -267,7 +268,7 @@ def test_intake_is_reported_and_no_id_is_invented(tmp_path: Path) -> None:
             assert request.path == "/crm"
             assert request.headers["authorization"] == f"Bearer {run.setup.master_token}"
 
-            # PROFILE §2: the same message delivered again is recorded (and reported) once.
+            # docs/protocol.md §3: the same message delivered again is recorded (and reported) once.
             again_id, again_data = make_mail(ANN, INTAKE, subject="Twice")
             for _ in range(2):
                 assert (await run.deliver([INTAKE], ANN, again_data)).codes == (250,)
@@ -302,15 +303,15 @@ def test_assign_adopts_the_masters_id_once(tmp_path: Path) -> None:
             unknown = await run.assign("intake-does-not-exist", "CRM-1001")
             assert refusal(unknown) == (404, "unknown-intake")
 
-            # PROFILE §1: the id grammar, and type=id at most 47 octets.
+            # docs/protocol.md §2: the id grammar, and type=id at most 47 octets.
             for bad in ("has space", ".lead", "trail.", "a..b", "ü", "x" * 43, "x" * 65, ""):
                 response = await run.assign(intake_ref, bad)
                 assert refusal(response) == (400, "invalid-message"), bad
                 assert "resource_id" in response.json()["detail"], response.text
-            # A master of another type or domain may not assign this intake (PROFILE §6).
+            # A master of another type or domain may not assign this intake (docs/protocol.md §9).
             other = await run.assign(intake_ref, "CRM-1001", token=run.setup.other_master_token)
             assert refusal(other) == (403, "forbidden")
-            # PROFILE §6: a bad message is 400 before it is someone else's (403).
+            # docs/protocol.md §9: a bad message is 400 before it is someone else's (403).
             other_bad = await run.assign(intake_ref, "a..b", token=run.setup.other_master_token)
             assert refusal(other_bad) == (400, "invalid-message")
             # Only a master sends case.assign.
@@ -321,7 +322,7 @@ def test_assign_adopts_the_masters_id_once(tmp_path: Path) -> None:
             first = await run.assign(intake_ref, "CRM-1001", mid="assign-1")
             assert first.status_code == 200, first.text
             assert first.json() == {"ok": True, "case": ref("CRM-1001")}
-            # The same message again: the original answer (CONTRACT §2).
+            # The same message again: the original answer (docs/protocol.md §7).
             again = await run.assign(intake_ref, "CRM-1001", mid="assign-1")
             assert (again.status_code, again.json()) == (200, first.json())
             # The same assignment in a new message (any spelling of the id): ok; another id: 409.
@@ -337,12 +338,12 @@ def test_assign_adopts_the_masters_id_once(tmp_path: Path) -> None:
             assert case["role"] == "slave"
             assert case["participant"] == ANN
             assert case["handoffs"] == []
-            # PROFILE §9: the intake's message is the case's first message.
+            # docs/protocol.md §13: the intake's message is the case's first message.
             (first_in,) = await run.kinds("CRM-1001", "mail.in")
             assert first_in["message_ref"] == intake["event"]["message_ref"]
             assert first_in["intake_ref"] == intake_ref
 
-            # The longest id that fits: type=id of 47 octets (PROFILE §1).
+            # The longest id that fits: type=id of 47 octets (docs/protocol.md §2).
             _, long_intake = await run.intake(INTAKE, BOB)
             longest = "u" * 42
             response = await run.assign(long_intake["intake_ref"], longest)
@@ -411,12 +412,16 @@ def test_mail_send_replies_to_the_sender_of_the_message(tmp_path: Path) -> None:
             assert email.utils.parseaddr(msg["To"])[1] == ANN
             assert msg["In-Reply-To"] == message_id
             assert message_id in msg["References"]
-            assert msg["Subject"] == "Re: Broken printer"  # PROFILE §6: the default subject
-            assert msg["Auto-Submitted"] is None  # PROFILE §4: none on a master's mail.send
+            assert (
+                msg["Subject"] == "Re: Broken printer"
+            )  # docs/protocol.md §9: the default subject
+            assert (
+                msg["Auto-Submitted"] is None
+            )  # docs/protocol.md §5: none on a master's mail.send
             assert text_of(mail).strip() == "On it."
 
             # A later message on the case, from someone else: the reply goes to its sender,
-            # never to Reply-To (PROFILE §3).
+            # never to Reply-To (docs/protocol.md §4).
             carl = "carl@example.com"
             carl_id = await run.send(
                 "case=CRM-1@help.example", carl, headers={"Reply-To": "victim@example.net"}
@@ -432,7 +437,7 @@ def test_mail_send_replies_to_the_sender_of_the_message(tmp_path: Path) -> None:
             assert to_carl.message["Subject"] == "Your question"
             assert to_carl.message["Auto-Submitted"] is None
 
-            # Refusals (CONTRACT §5, §6): 422 with the reason, recorded, nothing sent.
+            # Refusals (docs/protocol.md §8, §4.4): 422 with the reason, recorded, nothing sent.
             await run.send("case=CRM-1@help.example", BOB, dmarc="fail")
             await run.send(
                 "case=CRM-1@help.example", "robot@shop.example", headers={"Precedence": "bulk"}
@@ -504,7 +509,7 @@ def test_mail_send_replies_to_the_sender_of_the_message(tmp_path: Path) -> None:
             assert refusal(foreign) == (403, "forbidden")
 
             # "sent" means durably queued: with the relay down the mail waits, then goes.
-            # A caller's subject never adds a header (PROFILE §4).
+            # A caller's subject never adds a header (docs/protocol.md §5).
             await run.sink.set_down(True)
             queued = await run.mail_send(
                 "CRM-2",
@@ -551,7 +556,7 @@ def test_policy_changes_only_the_fields_it_carries(tmp_path: Path) -> None:
                     policy["autonomous_send"] = fields["autonomous_send"]
                 assert (await run.case("CRM-1"))["policy"] == policy, fields
 
-            # PROFILE §10: only under a configured webhooks url: same scheme, host and
+            # docs/protocol.md §18: only under a configured webhooks url: same scheme, host and
             # port, a path under its path at a "/" boundary.
             port = hooks.split(":")[2].split("/")[0]
             outside = [
@@ -674,13 +679,13 @@ def test_type_defaults_apply_until_the_master_overrides_them(tmp_path: Path) -> 
             (requested,) = await run.wait_sent(run.master, "handoff.requested", 1)
             assert requested["forwarded"] is True
             assert requested["handoff_id"] == request.json["handoff_id"]
-            # autonomous_send: email acknowledges by itself (Auto-Submitted, PROFILE §4).
+            # autonomous_send: email acknowledges by itself (Auto-Submitted, docs/protocol.md §5).
             (ack,) = await run.sink.wait_for(1, WAIT)
             assert ack.rcpt_tos == (ANN,)
             assert ack.message["Auto-Submitted"] == "auto-replied"
             assert ack.message["In-Reply-To"] == ann_id
             (handoff,) = (await run.case("CRM-1"))["handoffs"]
-            assert handoff["deadline_at"] is None  # CONTRACT §3.2.5: no deadline
+            assert handoff["deadline_at"] is None  # docs/protocol.md §13.5: no deadline
             assert handoff["forwarded"] is True
 
             # case.assign's policy overrides only the fields it carries.
@@ -771,7 +776,7 @@ def test_webhook_transfer_relays_every_status_in_order_under_retries(tmp_path: P
                 assert (response.status_code, response.json()) == (200, {"ok": True})
             stale = await run.post_status(body, 4, "running")
             assert (stale.status_code, stale.json()) == (200, {"ok": True, "ignored": "stale"})
-            # CONTRACT §3.2.5: timeouts belong to the master; a mode may not send timed-out.
+            # docs/protocol.md §13.5: timeouts belong to the master; a mode may not send timed-out.
             timed_out = await run.post_status(body, 5, "timed-out")
             assert refusal(timed_out) == (409, "invalid-transition")
             # Statuses come only from the peer the handoff was sent to.
@@ -850,7 +855,7 @@ def test_negotiation_only_with_autonomous_send(tmp_path: Path) -> None:
             assert question.message["Auto-Submitted"] == "auto-replied"
             assert email.utils.parseaddr(question.message["From"])[1] == "case=CRM-8@help.example"
             assert "phone:" in text_of(question).splitlines()
-            # Someone else's answer supplies nothing (PROFILE §3).
+            # Someone else's answer supplies nothing (docs/protocol.md §4).
             await run.send("case=CRM-8@help.example", BOB, body="phone: +1 555 6666\n")
             await run.send(
                 "case=CRM-8@help.example",
@@ -891,7 +896,8 @@ def test_master_cancel_is_recorded_and_forwarded(tmp_path: Path) -> None:
             (request,) = await run.webhook.wait_for(1, WAIT)
             body = request.json
             assert (await run.post_status(body, 1, "scheduled")).status_code == 200
-            # PROFILE §9: an open handoff keeps its webhook, whatever the policy says later.
+            # docs/protocol.md §13: an open handoff keeps its webhook, whatever the policy says
+            # later.
             assert (
                 await run.policy("CRM-9", transfers={"webhook": hooks + "b"})
             ).status_code == 200
@@ -935,7 +941,7 @@ def test_master_cancel_is_recorded_and_forwarded(tmp_path: Path) -> None:
             late = await run.post_status(body, 2, "running")
             assert refusal(late) == (409, "invalid-transition")
 
-            # A handoff refused on the spot (PROFILE §3: an unauthenticated !MODE) is
+            # A handoff refused on the spot (docs/protocol.md §4: an unauthenticated !MODE) is
             # reported as not forwarded; it is terminal, so a cancel is 409 too.
             assert (await run.policy("CRM-9", transfers={"webhook": hooks})).status_code == 200
             await run.send("case=CRM-9!callback@help.example", ANN, dmarc=None)
@@ -976,7 +982,7 @@ def test_refused_webhook_request_fails_without_mail_and_tells_the_master(tmp_pat
             assert failed["source"] == "email"
             assert len(await run.kinds("CRM-5", "delivery.failed")) == 1
             # No resume notice: in this role email mails only acknowledgements and
-            # questions by itself (CONTRACT §3.2.3).
+            # questions by itself (docs/protocol.md §13.3).
             assert [e["purpose"] for e in await run.kinds("CRM-5", "mail.out")] == ["acknowledge"]
             assert len(run.webhook.requests) == 1  # a 4xx is not retried
             (handoff,) = (await run.case("CRM-5"))["handoffs"]

@@ -1,4 +1,4 @@
-"""The pure role engine: decisions as effects, no I/O (CONTRACT §3.1, PROFILE §2-§8)."""
+"""The pure role engine: decisions as effects, no I/O (docs/protocol.md §11, §3-§6, §9-§10, §12)."""
 
 from __future__ import annotations
 
@@ -197,7 +197,9 @@ def test_refused_on_the_spot_is_one_mail(rcpt: str, kwargs: dict, reason: str) -
     ]
     assert statuses[1].fields == {"reason": reason}
     assert not of(SendContract, effects)
-    (only,) = of(SendMail, effects)  # PROFILE §4: acknowledgement and resume notice are one mail
+    (only,) = of(
+        SendMail, effects
+    )  # docs/protocol.md §5: acknowledgement and resume notice are one mail
     assert only.purpose == "acknowledge"
     assert "refused" in only.body
 

@@ -10,7 +10,7 @@ store's seam (:class:`support.faults.DiskFull`).  The endpoint answers, the
 relay accepts, but masd cannot record either; new mail comes in like Postfix
 sends it, the endpoint posts statuses.  Then the disk is freed.
 
-What must hold (PROFILE §2, §6, §7): LMTP answers ``451 4.3.0`` and HTTP
+What must hold (docs/protocol.md §3, §9, §10): LMTP answers ``451 4.3.0`` and HTTP
 ``503`` with ``Retry-After`` while the store cannot commit, ``/healthz`` says
 so, masd recovers with no restart, nothing acknowledged is lost or recorded
 twice, and no mail and no contract message is sent more than twice while the
@@ -260,7 +260,7 @@ async def check(
     assert lost_statuses == []
     assert twice_statuses == []
     assert failed == [(0,)]
-    # PROFILE §7 "never a storm": needs the outbox to keep an outcome the store refuses
+    # docs/protocol.md §10 "never a storm": needs the outbox to keep an outcome the store refuses
     # and record it later instead of sending again (the outbox's "outcome kept until
     # recorded"); on an outbox without it this is the assertion that fails.
     assert most_during <= 2, f"resend storm while the store refused writes: {sent_during}"

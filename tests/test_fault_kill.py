@@ -10,9 +10,9 @@ acknowledges it.  Meanwhile masd is killed with SIGKILL :data:`KILLS` times,
 spread over the deliveries, and started again at once.
 
 Afterwards the store must hold each acknowledged delivery and each
-acknowledged callback exactly once (PROFILE §2 "250 ... durably committed";
+acknowledged callback exactly once (docs/protocol.md §3 "250 ... durably committed";
 §6 idempotency), and every acknowledgement and request must have left at
-least once (PROFILE §7).
+least once (docs/protocol.md §10).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The HTTP listener over real loopback sockets (PROFILE §6, §11)."""
+"""The HTTP listener over real loopback sockets (docs/protocol.md §9, §16)."""
 
 from __future__ import annotations
 
@@ -387,7 +387,9 @@ def test_store_failure_is_503_and_healthz_follows(tmp_path: Path) -> None:
         refused(await r.client.get("/healthz"), 503, "store", "store")
         failed = await post(r, status_message(key, hid, 1, "running"))
         refused(failed, 503, "unavailable")
-        assert int(failed.headers["retry-after"]) > 0  # PROFILE §6: the same id may come again
+        assert (
+            int(failed.headers["retry-after"]) > 0
+        )  # docs/protocol.md §9: the same id may come again
         refused(await r.client.get("/metrics"), 503, "unavailable")
         refused(
             await r.client.get(f"/mas/v0.1/cases/{key}", headers=auth(ADMIN)), 503, "unavailable"

@@ -1,4 +1,4 @@
-"""HTTP limits (PROFILE §6): request-head timeout, keep-alive idle, connection cap.
+"""HTTP limits (docs/protocol.md §9): request-head timeout, keep-alive idle, connection cap.
 
 The HTTP edge runs in-process on loopback with its limits injected small;
 the clients are raw sockets, so a test controls every byte and sees exactly
@@ -20,7 +20,7 @@ from masd.edges.http import MAX_CONNECTIONS, HttpLimits
 
 WAIT = 10.0
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: masd\r\n\r\n"
-#: Connections opened at once in a memory burst (PROFILE §6 caps them at 1000).
+#: Connections opened at once in a memory burst (docs/protocol.md §9 caps them at 1000).
 BURST = 5000
 
 

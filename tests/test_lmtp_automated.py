@@ -1,4 +1,5 @@
-"""Automated mail over LMTP, black-box (PROFILE §3): recorded, never answered, never handed off.
+"""Automated mail over LMTP, black-box (docs/protocol.md §4): recorded, never answered, never
+handed off.
 
 masd runs as a real process; mail goes in over LMTP from a DMARC-passing
 sender asking for a callback.  List traffic (``List-Id``) and a sender whose

@@ -1,4 +1,4 @@
-"""LMTP limits (PROFILE §2): the session cap and the no-progress timeout, on loopback.
+"""LMTP limits (docs/protocol.md §3): the session cap and the no-progress timeout, on loopback.
 
 The listener runs in-process over a real store; its limits are injected
 small so the tests are quick.  The flood test (marker ``fault``) uses the

@@ -1,4 +1,5 @@
-"""The outbox sender (PROFILE §4, §7) against a real peer, a real relay and a real store."""
+"""The outbox sender (docs/protocol.md §5, §10) against a real peer, a real relay and a real
+store."""
 
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def test_refused_handoff_request_records_failed_and_resumes_by_mail(
 def test_one_queue_keeps_its_order_under_retries_and_does_not_block_others(
     tmp_path: Path,
 ) -> None:
-    """PROFILE §7: "Messages about one case to one peer are delivered in order"."""
+    """docs/protocol.md §10: "Messages about one case to one peer are delivered in order"."""
     seen_a1 = 0
 
     def script(rec: Recorded) -> tuple[int, Any]:
@@ -415,7 +416,9 @@ def test_outbox_hands_mail_to_its_transport(tmp_path: Path) -> None:
 def test_a_lane_keeps_its_in_flight_limit_and_finds_every_head_it_turned_away(
     tmp_path: Path,
 ) -> None:
-    """PROFILE §7 "Isolation": each peer its own in-flight limit; nothing waiting is forgotten."""
+    """docs/protocol.md §10 "Isolation": each peer its own in-flight limit; nothing waiting is
+    forgotten.
+    """
     in_flight = most = 0
 
     async def slow(rec: Recorded) -> tuple[int, Any]:

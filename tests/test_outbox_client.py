@@ -1,4 +1,5 @@
-"""What each answer to a contract message means (PROFILE §7), through httpx's MockTransport.
+"""What each answer to a contract message means (docs/protocol.md §10), through httpx's
+MockTransport.
 
 Fast: no sockets but the last few tests, which drive the production client
 (httpx over aiohttp's transport) against servers on loopback.

@@ -1,4 +1,4 @@
-"""The outbox under faults it does not cause (PROFILE §7 "Isolation", "never a storm").
+"""The outbox under faults it does not cause (docs/protocol.md §10 "Isolation", "never a storm").
 
 Real pieces: FakePeers and an SmtpSink on loopback, a real SQLite store,
 mail recorded as the LMTP edge records it.  Each test prints its counts.
@@ -24,7 +24,7 @@ from masd.testing import FakePeer, Recorded
 
 pytestmark = [pytest.mark.fault, pytest.mark.slow]
 
-#: PROFILE §7: "a healthy peer's messages and the acknowledgements still leave
+#: docs/protocol.md §10: "a healthy peer's messages and the acknowledgements still leave
 #: within 1 s of being recorded".
 BOUND = 1.0
 
@@ -255,7 +255,7 @@ def sends_of(env: Env) -> dict[str, int]:
 
 
 def test_no_resend_storm_while_the_store_refuses_writes(tmp_path: Path) -> None:
-    """Sends succeed, recording them fails: nothing goes out more than twice (PROFILE §7),
+    """Sends succeed, recording them fails: nothing goes out more than twice (docs/protocol.md §10),
     here across a restart in the middle of the fault."""
     cases = 24
     mails_per_outbox = min(cases, RELAY_IN_FLIGHT)  # the relay's lane stops when it is full

@@ -1,4 +1,5 @@
-"""Per-peer lanes: in-flight limits and the circuit (PROFILE §7 "Isolation"), without I/O."""
+"""Per-peer lanes: in-flight limits and the circuit (docs/protocol.md §10 "Isolation"), without
+I/O."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Principle 10 (CONTRACT §6) and the send caps (PROFILE §3); outbound mail (PROFILE §4)."""
+"""Principle 10 (docs/protocol.md §4.4) and the send caps (docs/protocol.md §4); outbound mail
+(docs/protocol.md §5)."""
 
 from __future__ import annotations
 

@@ -157,7 +157,6 @@ def test_the_documents_own_references_resolve() -> None:
     assert not missing, missing
 
 
-@pytest.mark.xfail(strict=True, reason="citations are rewritten in the final step")
 def test_no_contract_or_profile_citation_is_left() -> None:
     left = []
     for path in scanned_files():

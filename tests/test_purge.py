@@ -1,4 +1,4 @@
-"""Housekeeping keeps what the rules need and forgets the rest (PROFILE §2, §6)."""
+"""Housekeeping keeps what the rules need and forgets the rest (docs/protocol.md §3, §9)."""
 
 from __future__ import annotations
 

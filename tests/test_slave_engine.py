@@ -1,4 +1,4 @@
-"""The pure engine in the slave role: decisions as effects (CONTRACT §3.2, PROFILE §3, §5, §9)."""
+"""The pure engine in the slave role: decisions as effects (docs/protocol.md §13, §4, §6)."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def test_mail_is_recorded_and_reported_and_nothing_else() -> None:
     (message,) = to_master(effects)
     assert message["type"] == "case.message"
     assert message["event"] == parsed.event.to_json()
-    # CONTRACT §3.2.3: no mail unless the master asks (a plain mail is not a question).
+    # docs/protocol.md §13.3: no mail unless the master asks (a plain mail is not a question).
     assert of(SendMail, effects) == []
     assert len(effects) == 2
 
@@ -200,7 +200,7 @@ def test_block_reports_not_forwarded_and_nothing_else() -> None:
 def test_webhook_gets_the_request_and_the_master_is_told() -> None:
     effects = on_mail("case=CRM-1!callback@help.example", mail(), FORWARD)
     (opened,) = of(OpenHandoff, effects)
-    assert opened.deadline_at is None  # CONTRACT §3.2.5: timeouts belong to the master
+    assert opened.deadline_at is None  # docs/protocol.md §13.5: timeouts belong to the master
     assert (opened.peer, opened.url, opened.forwarded) == (HOOK.peer, HOOK.url, True)
     assert opened.details == {"subject": "Help", "phone": "+1 555 0100"}
     (requested_status,) = of(Status, effects)
@@ -218,7 +218,7 @@ def test_webhook_gets_the_request_and_the_master_is_told() -> None:
 
 
 def test_any_mode_goes_to_the_master_modes_do_not_apply() -> None:
-    # PROFILE §9: "The type's modes list does not apply to slave types".
+    # docs/protocol.md §13: "The type's modes list does not apply to slave types".
     effects = on_mail("case=CRM-1!carrier-pigeon@help.example", mail(), FORWARD)
     (opened,) = of(OpenHandoff, effects)
     assert opened.mode == "carrier-pigeon"
@@ -278,7 +278,7 @@ def test_negotiation_reply_is_an_update_only_with_autonomous_send() -> None:
     c = case(handoff("negotiating", 1, ("phone",)))
     reply = mail(body="phone: +1 555 0199\n")
     quiet = on_mail(ADDRESS, reply, FORWARD, c)
-    # PROFILE §5: "In the slave role without autonomous_send, email asks
+    # docs/protocol.md §6: "In the slave role without autonomous_send, email asks
     # nothing and sends no handoff.update; the master sees the reply as case.message."
     assert [e for e in of(SendContract, quiet) if e.peer == HOOK.peer] == []
     assert [m["type"] for m in to_master(quiet)] == ["case.message"]
@@ -354,7 +354,7 @@ def test_stale_and_timed_out_statuses_are_not_relayed() -> None:
         {"ok": True, "ignored": "stale"},
         [],
     )
-    # CONTRACT §3.2.5: "Email sets no deadline and never records timed-out."
+    # docs/protocol.md §13.5: "Email sets no deadline and never records timed-out."
     with pytest.raises(TransitionError):
         status_from_mode(case(h), h, status(3, "timed-out"), resume=False, relay=MASTER)
     done = handoff("completed", 3)
@@ -526,7 +526,7 @@ def test_assign_creates_the_case_stores_its_policy_and_threads_the_intake_mail()
 
 
 def test_assign_acknowledges_only_with_autonomous_send() -> None:
-    # CONTRACT §3.2.3: "Email sends only on mail.send from the master, unless
+    # docs/protocol.md §13.3: "Email sends only on mail.send from the master, unless
     # the case policy ... sets autonomous_send: true" (then acknowledgements).
     assert of(SendMail, on_assign(intake(), FORWARD)) == []
     (ack,) = of(SendMail, on_assign(intake(), AUTONOMOUS))

@@ -1,4 +1,4 @@
-"""The status machine against its table (CONTRACT §4)."""
+"""The status machine against its table (docs/protocol.md §14)."""
 
 from __future__ import annotations
 

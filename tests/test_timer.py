@@ -1,4 +1,5 @@
-"""The deadline timer (PROFILE §8) on a real store, with the test clock and the real one."""
+"""The deadline timer (docs/protocol.md §12) on a real store, with the test clock and the real
+one."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class Commits:
 
 
 async def check_timed_out(env: Env) -> str:
-    """The effects of PROFILE §8 on case gs-1; returns the handoff id."""
+    """The effects of docs/protocol.md §12 on case gs-1; returns the handoff id."""
     [h] = await query(env, "SELECT handoff_id, status, closed_at FROM handoffs")
     assert h["status"] == "timed-out"
     assert h["closed_at"] is not None

@@ -1,4 +1,4 @@
-"""The trust rules of PROFILE §3, one at a time."""
+"""The trust rules of docs/protocol.md §4, one at a time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""masd configuration: the TOML file of PROFILE §10, loaded into frozen values.
+"""masd configuration: the TOML file of docs/protocol.md §18, loaded into frozen values.
 
 ``load_config`` reads the file and every secret it names, validates every key
 and returns a :class:`Config`, or raises :class:`ConfigErrors` holding *all*

@@ -25,7 +25,7 @@ ROLES: Final = ("master", "slave")
 _COMMON_TYPE_KEYS: Final = frozenset({"role", "require_dmarc_for_handoff", "send_cap"})
 # Keys that belong to one role only, with the reason they are wrong in the other.
 _MASTER_ONLY: Final = {
-    "modes": "modes do not apply to slave types, PROFILE §9",
+    "modes": "modes do not apply to slave types, docs/protocol.md §13",
     "endpoints": "a slave type hands off to the webhook its case policy names",
     "acknowledge": "in the slave role email mails only on mail.send or under autonomous_send",
     "id_prefix": "in the slave role case ids come from the master's case.assign",
@@ -69,7 +69,7 @@ def parse_type(check: Checker, domain: str, name: str, raw: object, path: str) -
         if key in table:
             check.error(join(path, key), f"not allowed in a {role} type ({why})")
 
-    # PROFILE §3: "type option require_dmarc_for_handoff, default true".
+    # docs/protocol.md §4: "type option require_dmarc_for_handoff, default true".
     dmarc = check.get(table, path, "require_dmarc_for_handoff", bool, True)
     send_cap = _parse_send_cap(check, table, path)
 
@@ -121,11 +121,11 @@ def _parse_master_side(
             continue
         if mode not in modes:
             # An endpoint for a mode the statute does not enable could never
-            # be used: PROFILE §3 refuses such a request with mode-not-enabled.
+            # be used: docs/protocol.md §4 refuses such a request with mode-not-enabled.
             check.error(
                 endpoint_path,
                 f"{show(key)} is not in modes, so this endpoint could never be used (a "
-                "handoff to it is refused with mode-not-enabled, PROFILE §3)"
+                "handoff to it is refused with mode-not-enabled, docs/protocol.md §4)"
                 + did_you_mean(mode, modes, quote=True),
             )
             continue
@@ -137,7 +137,7 @@ def _parse_master_side(
             check.warn(
                 join(path, "modes"),
                 f"{show(mode)} has no endpoint: a handoff to it is refused with "
-                "mode-unavailable (PROFILE §3)",
+                "mode-unavailable (docs/protocol.md §4)",
             )
     return side
 
@@ -148,7 +148,7 @@ def _mode_checker(check: Checker) -> Callable[[str, str], str | None]:
             check.error(
                 path,
                 f"{show(text)} is not a mode name (a letter, then up to 15 letters, "
-                "digits or hyphens; PROFILE §1)",
+                "digits or hyphens; docs/protocol.md §2)",
             )
             return None
         return text.lower()
@@ -164,7 +164,7 @@ def _field_checker(check: Checker) -> Callable[[str, str], str | None]:
             )
             return None
         if text.lower() == "subject":
-            # PROFILE §5: details hold "subject and each field of the endpoint's fields".
+            # docs/protocol.md §6: details hold "subject and each field of the endpoint's fields".
             check.error(path, '"subject" is always in the details; it is not a field')
             return None
         return text.lower()
@@ -173,7 +173,7 @@ def _field_checker(check: Checker) -> Callable[[str, str], str | None]:
 
 
 def _parse_id_prefix(check: Checker, table: Mapping[str, Any], path: str, name: str) -> str:
-    # PROFILE §1: "email assigns ids <id_prefix><n> (id_prefix default <type>-)".
+    # docs/protocol.md §2: "email assigns ids <id_prefix><n> (id_prefix default <type>-)".
     default = f"{name}-"
     prefix = check.get(table, path, "id_prefix", str, default)
     if prefix == default:
@@ -184,7 +184,7 @@ def _parse_id_prefix(check: Checker, table: Mapping[str, Any], path: str, name: 
         check.error(
             where,
             f"{show(prefix)} is not made of id characters (letters, digits, -, _ and "
-            "inner single dots; PROFILE §1)",
+            "inner single dots; docs/protocol.md §2)",
         )
     elif len(name) + 1 + len(prefix) + ID_DIGITS_ROOM > TYPE_ID_MAX:
         # Keep "type=id" within the 47 octets that leave room for "!mode" of
@@ -192,7 +192,7 @@ def _parse_id_prefix(check: Checker, table: Mapping[str, Any], path: str, name: 
         check.error(
             where,
             f"{show(prefix)} is too long: {name}={prefix} and a {ID_DIGITS_ROOM}-digit "
-            f"number must fit in {TYPE_ID_MAX} octets (PROFILE §1)",
+            f"number must fit in {TYPE_ID_MAX} octets (docs/protocol.md §2)",
         )
     return prefix
 
@@ -284,7 +284,7 @@ def _parse_webhooks(
 def _parse_policy(
     check: Checker, table: Mapping[str, Any], path: str, webhooks: tuple[Webhook, ...]
 ) -> Policy:
-    # PROFILE §9: "A case starts with the type's policy defaults, overridden by
+    # docs/protocol.md §13: "A case starts with the type's policy defaults, overridden by
     # case.assign.policy"; the defaults are {autonomous_send=false, transfers="block"}.
     if "policy" not in table:
         return Policy()
@@ -305,7 +305,7 @@ def _parse_policy(
                 check.error(
                     url_path,
                     f"{show(url)} is not under any webhooks url (same scheme, host and "
-                    "port, and a path under its path; PROFILE §10)",
+                    "port, and a path under its path; docs/protocol.md §18)",
                 )
             transfers = url
     elif raw != "block":

@@ -183,7 +183,7 @@ class Checker:
         token = self._token(path, text, data)
         if not token:
             return ""
-        # PROFILE §6: "The sender's identity is the peer whose secret matched,
+        # docs/protocol.md §9: "The sender's identity is the peer whose secret matched,
         # never a field of the message."  One secret must therefore name one
         # peer: two peers of different kinds or at different URLs (or a peer
         # and the admin) sharing a secret could act as each other.  The same

@@ -114,7 +114,7 @@ def _parse_domain(check: Checker, name: str, raw: object, path: str) -> DomainCo
             check.error(
                 type_path,
                 f"{show(key)} is not a type name (a letter, then up to 31 letters, "
-                "digits or hyphens; PROFILE §1)",
+                "digits or hyphens; docs/protocol.md §2)",
             )
             continue
         type_name = key.lower()

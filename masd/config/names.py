@@ -72,14 +72,16 @@ def is_ipv6(text: str) -> bool:
         return False
 
 
-# Grammar of PROFILE §1: type = ALPHA *31(ALPHA / DIGIT / "-"), mode = ALPHA *15(...),
+# Grammar of docs/protocol.md §2: type = ALPHA *31(ALPHA / DIGIT / "-"), mode = ALPHA *15(...),
 # id = 1*64(ALPHA / DIGIT / "-" / "_" / "."), case-insensitive and stored lowercase.
 TYPE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,31}")
 MODE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,15}")
 ID_CHARS = re.compile(r"[A-Za-z0-9_.-]*")
 FIELD_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 ID_DIGITS_ROOM: Final = 10  # ids are <id_prefix><n>; leave room for n up to 10 digits
-TYPE_ID_MAX: Final = 47  # PROFILE §1: "type=id" over 47 octets does not fit with a 16-char mode
+TYPE_ID_MAX: Final = (
+    47  # docs/protocol.md §2: "type=id" over 47 octets does not fit with a 16-char mode
+)
 
 
 # --------------------------------------------------------------------------- key paths

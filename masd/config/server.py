@@ -143,7 +143,7 @@ def _trust(check: Checker, table: Mapping[str, Any]) -> tuple[tuple[str, ...], t
         check.warn(
             join(PATH, "trusted_authserv_ids"),
             "empty: no Authentication-Results is trusted, so no mail can be authenticated "
-            "and no handoff or reply will be sent (PROFILE §3)",
+            "and no handoff or reply will be sent (docs/protocol.md §4)",
         )
 
     def host(item_path: str, text: str) -> str | None:
@@ -165,7 +165,7 @@ def _delimiter(check: Checker, table: Mapping[str, Any]) -> str:
     elif delimiter and not 0x21 <= ord(delimiter) <= 0x7E:
         check.error(where, f"{show(delimiter)} is not a printable ASCII character")
     elif delimiter and (delimiter.isalnum() or delimiter in '-_.=!@"'):
-        # A delimiter must not be a character a MAS local part can hold (PROFILE §1:
+        # A delimiter must not be a character a MAS local part can hold (docs/protocol.md §2:
         # letters, digits, "-", "_", "." in type and id; "=" and "!" separate them).
         check.error(
             where, f"{show(delimiter)} cannot be the delimiter: it can appear in a MAS local part"

@@ -111,7 +111,7 @@ def url_problem(url: str) -> str | None:
 def webhook_for(type_config: TypeConfig, url: str) -> Webhook | None:
     """The ``webhooks`` entry of ``type_config`` that allows ``url``, or None.
 
-    PROFILE §10: "A transfers webhook URL must have the same scheme, host and
+    docs/protocol.md §18: "A transfers webhook URL must have the same scheme, host and
     port as a configured ``webhooks.url`` and a path under its path (at a ``/``
     boundary); otherwise ``400 invalid-message``: a master cannot point masd at
     an arbitrary host."  Scheme and host compare case-insensitively, an absent

@@ -1,4 +1,4 @@
-"""The conformance suite's runner (CONTRACT §7).
+"""The conformance suite's runner (docs/protocol.md §19).
 
 "conformance/ holds valid and invalid messages, the transition table as
 data, and scripted flows. Each flow is a sequence of inbound mail, contract

@@ -21,7 +21,7 @@ __all__ = ["expect", "expect_mail", "nothing", "read", "release"]
 #: While a step with ``advance`` waits, the clock moves this often (real seconds).
 ADVANCE_EVERY: Final = 0.1
 _WAIT_POLL: Final = 0.02
-#: Types whose envelope has no ``case`` (CONTRACT §2).
+#: Types whose envelope has no ``case`` (docs/protocol.md §7).
 _NO_CASE: Final = frozenset({"case.intake", "case.assign"})
 _UNFOLD = re.compile(r"\r?\n[ \t]+")
 
@@ -102,7 +102,7 @@ def _missing(run: FlowRun, step: ExpectStep, closest: str | None) -> str:
 
 
 def _check_contract(run: FlowRun, a: Arrival) -> None:
-    """What every contract message must be (CONTRACT §2, PROFILE §6, §7)."""
+    """What every contract message must be (docs/protocol.md §7, §9, §10)."""
     rec, body = a.rec, a.rec.json
     problems = []
     if rec.method != "POST":
@@ -212,7 +212,7 @@ def _body_diff(run: FlowRun, step: ExpectMailStep, text: str) -> str | None:
 
 
 def _check_mail(mail: ReceivedMail) -> None:
-    """What every mail must be (PROFILE §4): To the envelope recipient, a Message-ID
+    """What every mail must be (docs/protocol.md §5): To the envelope recipient, a Message-ID
     under the domain of its From."""
     message = mail.message
     to = email.utils.parseaddr(str(message.get("To", "")))[1]

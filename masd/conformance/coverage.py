@@ -1,4 +1,4 @@
-"""The coverage table: every clause of CONTRACT §2-§6 and PROFILE §1-§9, and its flows.
+"""The coverage table: every clause of docs/protocol.md §2-§14, and its flows.
 
 ``conformance/README.md`` holds the table between ``<!-- coverage:begin -->``
 and ``<!-- coverage:end -->``; :func:`table` renders it from the flows'

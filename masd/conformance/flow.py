@@ -4,7 +4,7 @@ A flow is one JSON object (``conformance/flows/flow.schema.json`` is its
 schema; ``conformance/README.md`` explains each key)::
 
     {"name": "intake-acknowledged", "role": "master",
-     "covers": ["CONTRACT §3.1.3", "PROFILE §4"],
+     "covers": ["docs/protocol.md §11.3", "docs/protocol.md §5"],
      "description": "...", "clock": "test", "config": {...},
      "steps": [{"mail": {...}}, {"expect_mail": {...}}, ...]}
 

@@ -516,7 +516,8 @@ def parse_flow(data: Any, *, path: Path | None = None) -> Flow:
     for i, clause in enumerate(covers):
         if clause not in CLAUSE_IDS:
             raise FlowError(
-                f'{clause!r} is not a clause (like "CONTRACT §3.1.2" or "PROFILE §8")',
+                f"{clause!r} is not a clause "
+                '(like "docs/protocol.md §11.2" or "docs/protocol.md §12")',
                 path=f"covers[{i}]",
             )
     description = o.text("description", required=True) or ""

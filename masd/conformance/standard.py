@@ -13,7 +13,7 @@ __all__ = ["DOMAIN", "apply_patch", "merge", "standard_config"]
 def standard_config(
     *, lmtp_port: int, http_port: int, smtp_port: int, peer_urls: dict[str, str]
 ) -> dict[str, Any]:
-    """The configuration every flow starts from (PROFILE §10 keys), as a TOML-shaped dict.
+    """The configuration every flow starts from (docs/protocol.md §18 keys), as a TOML-shaped dict.
 
     Master type ``ticket`` (modes callback, chat, sms; callback and sms have
     endpoints, chat is listed without one); slave type ``case`` owned by the

@@ -1,6 +1,6 @@
-"""MAS addresses (PROFILE §1): parse, normalize and compare recipient addresses.
+"""MAS addresses (docs/protocol.md §2): parse, normalize and compare recipient addresses.
 
-PROFILE §1 fixes the local part, "after removing a recipient-delimiter suffix
+docs/protocol.md §2 fixes the local part, "after removing a recipient-delimiter suffix
 (``server.recipient_delimiter``, default ``+``: everything from the first
 ``+`` to the end of the local part is dropped)"::
 
@@ -13,7 +13,7 @@ and "The whole local part is at most 64 octets (RFC 5321). The domain must be
 a configured domain, compared case-insensitively (IDNA domains in A-label
 form)."
 
-The four forms of the PROFILE §1 table:
+The four forms of the docs/protocol.md §2 table:
 
 =================== ===================================== ==============================
 form                example                               meaning
@@ -24,7 +24,7 @@ form                example                               meaning
 ``type=id!mode@D``  ``ticket=gs-1!callback@help.example`` existing case, handoff requested
 =================== ===================================== ==============================
 
-Decisions this module makes where PROFILE §1 leaves room (the conformance
+Decisions this module makes where docs/protocol.md §2 leaves room (the conformance
 file ``conformance/addresses.json`` pins each of them with an example):
 
 * Order of checks: the address as a whole (angle brackets, ``@``), then the
@@ -85,7 +85,7 @@ __all__ = [
     "split_key",
 ]
 
-# Bounds of PROFILE §1.
+# Bounds of docs/protocol.md §2.
 LOCAL_MAX = 64  # "The whole local part is at most 64 octets (RFC 5321)."
 TYPE_MAX = 32  # type = ALPHA *31(...)
 MODE_MAX = 16  # mode = ALPHA *15(...)
@@ -137,7 +137,7 @@ class Address:
     """A parsed MAS address.
 
     ``kind`` is ``resource`` exactly when there is an id.  ``type`` and
-    ``mode`` are lowercase, ``id`` is as written (PROFILE §1: "id as
+    ``mode`` are lowercase, ``id`` is as written (docs/protocol.md §2: "id as
     assigned"), ``domain`` is lowercase A-label form.  Build one with
     :func:`parse_address`; the constructor does not check the grammar.
     """
@@ -154,7 +154,7 @@ class Address:
 
     @property
     def canonical(self) -> str:
-        """``type=id@domain`` for a resource (PROFILE §1 "Canonical resource
+        """``type=id@domain`` for a resource (docs/protocol.md §2 "Canonical resource
         address: type and domain lowercase, id as assigned"), ``type@domain``
         for an intake.  Never carries the mode."""
         if self.id is None:
@@ -163,7 +163,7 @@ class Address:
 
     @property
     def key(self) -> str:
-        """PROFILE §1 "Equivalence key: ``type=casefold(id)@domain``. Two
+        """docs/protocol.md §2 "Equivalence key: ``type=casefold(id)@domain``. Two
         addresses with the same key are the same case."  For an intake it is
         the canonical form."""
         if self.id is None:
@@ -364,7 +364,7 @@ def _check_name(value: str, offset: int, part: str, limit: int) -> None:
 
 
 def _check_id_grammar(id: str, offset: int) -> None:
-    """Check an id against PROFILE §1: ``1*64( ALPHA / DIGIT / "-" / "_" / "." )``
+    """Check an id against docs/protocol.md §2: ``1*64( ALPHA / DIGIT / "-" / "_" / "." )``
     with "no leading, trailing or doubled "."."  ``offset`` places positions."""
     if len(id) <= ID_MAX and _ID_RE.fullmatch(id) is not None:
         return
@@ -499,13 +499,13 @@ def _check_a_label(label: str) -> None:
 
 
 def check_id_grammar(id: str) -> str:
-    """The ``id`` rule of PROFILE §1 alone, whatever the type; returns ``id``."""
+    """The ``id`` rule of docs/protocol.md §2 alone, whatever the type; returns ``id``."""
     _check_id_grammar(id, 0)
     return id
 
 
 def check_id(id: str, *, type: str) -> str:
-    """Check a resource id the master assigned (slave role, PROFILE §1).
+    """Check a resource id the master assigned (slave role, docs/protocol.md §2).
 
     "An id that does not match ``id``, or that would make ``type=id!mode``
     longer than 64 octets for a mode name of the longest length, 16 (so
@@ -552,7 +552,7 @@ def case_ref(canonical_or_key: str) -> dict[str, str]:
 def check_case_ref(ref: Mapping[str, object]) -> Address:
     """Check a received envelope ``case`` field and return its address.
 
-    PROFILE §1: "a receiver refuses a message whose key does not match its
+    docs/protocol.md §2: "a receiver refuses a message whose key does not match its
     address (``invalid-message``)".  The address must be canonical (as
     :attr:`Address.canonical` writes it) and the key must be its key; any
     fault is an :class:`AddressError` the edge turns into that refusal.

@@ -1,4 +1,4 @@
-"""Outbound mail as RFC 5322 bytes (PROFILE §4).
+"""Outbound mail as RFC 5322 bytes (docs/protocol.md §5).
 
 "From the canonical case address; To the participant; a fresh Message-ID
 under the case's domain; In-Reply-To and References to the participant's

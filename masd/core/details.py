@@ -1,4 +1,4 @@
-"""Handoff details from mail text (PROFILE §5).
+"""Handoff details from mail text (docs/protocol.md §6).
 
 "handoff.request.details holds subject and each field of the endpoint's
 fields list found in the mail's text as a name: value line (name

@@ -13,15 +13,15 @@ fresh ids come in through :class:`Context`.
 Effects::
 
     CreateCase      a new case (and its address)
-    Thread          an entry in the case's thread (PROFILE §11 kinds)
+    Thread          an entry in the case's thread (docs/protocol.md §16 kinds)
     OpenHandoff     a new handoff, its mode endpoint and deadline
-    Status          a handoff status, checked against the table (CONTRACT §4)
-    SendContract    a contract message into the outbox (PROFILE §7)
-    SendMail        a mail to a recorded sender, through Principle 10 (CONTRACT §6)
-    AbandonRequest  give up an undelivered handoff.request (PROFILE §8)
-    OpenIntake      a slave-role intake, reported to the master (CONTRACT §3.2.1)
-    AssignIntake    the intake's mail becomes the assigned case's first (PROFILE §9)
-    SetPolicy       a slave case's policy (CONTRACT §3.2.3-§3.2.4, PROFILE §9)
+    Status          a handoff status, checked against the table (docs/protocol.md §14)
+    SendContract    a contract message into the outbox (docs/protocol.md §10)
+    SendMail        a mail to a recorded sender, through Principle 10 (docs/protocol.md §4.4)
+    AbandonRequest  give up an undelivered handoff.request (docs/protocol.md §12)
+    OpenIntake      a slave-role intake, reported to the master (docs/protocol.md §13.1)
+    AssignIntake    the intake's mail becomes the assigned case's first (docs/protocol.md §13)
+    SetPolicy       a slave case's policy (docs/protocol.md §13.3-§13.4, §13)
 
 This module holds the state and effect types, the master role, and who may
 act on what; the slave role is :mod:`masd.core.slave`.
@@ -123,7 +123,7 @@ class Peer:
 
 @dataclass(frozen=True)
 class PolicyView:
-    """A slave case's policy (CONTRACT §3.2.3-§3.2.4, PROFILE §9)."""
+    """A slave case's policy (docs/protocol.md §13.3-§13.4, §13)."""
 
     autonomous_send: bool
     transfers: str  # "block", or the webhook URL
@@ -179,7 +179,7 @@ class SendContract:
 class SendMail:
     """A mail to the sender of a recorded message (the participant's latest
     mail on the case when ``reply_to`` is None).  ``auto_submitted`` marks
-    mails email writes itself (PROFILE §4)."""
+    mails email writes itself (docs/protocol.md §5)."""
 
     purpose: Literal["acknowledge", "question", "resume", "reply"]
     body: str
@@ -256,7 +256,7 @@ def same_address(a: str, b: str) -> bool:
 
 
 def mail_in(mail: ParsedMail, requested_mode: str | None) -> Thread:
-    """The thread entry of an inbound mail (PROFILE §11 ``mail.in``)."""
+    """The thread entry of an inbound mail (docs/protocol.md §16 ``mail.in``)."""
     ev = mail.event
     entry: dict[str, Any] = {
         "message_ref": ev.message_ref,
@@ -271,7 +271,7 @@ def mail_in(mail: ParsedMail, requested_mode: str | None) -> Thread:
 
 
 def may_steer(mail: ParsedMail, case: CaseView | None, typ: TypeView) -> bool:
-    """PROFILE §3: "Steering a case needs an authenticated, non-automated
+    """docs/protocol.md §4: "Steering a case needs an authenticated, non-automated
     sender. A !MODE request from anyone else, or on an existing case from
     anyone but its participant, is recorded and refused with reason blocked"."""
     if mail.automation.is_automated:
@@ -293,7 +293,7 @@ def master_mail(
     *,
     new_case_id: str,
 ) -> list[Effect]:
-    """A mail delivered to a master-role address (CONTRACT §3.1, PROFILE §2-§5).
+    """A mail delivered to a master-role address (docs/protocol.md §11, §3-§6).
 
     ``case`` is None for an intake address (``type@D``, ``type!mode@D``): the
     mail opens a new case ``<id_prefix><n>`` (``new_case_id``) whose
@@ -324,7 +324,7 @@ def master_mail(
     elif not opened:
         effects += negotiation_reply(case, mail)
 
-    # PROFILE §4: "When a !MODE intake is refused on the spot, the
+    # docs/protocol.md §5: "When a !MODE intake is refused on the spot, the
     # acknowledgement and the resume notice are one mail."
     if opened and typ.acknowledge:
         effects.append(SendMail("acknowledge", texts.acknowledge(case.address, notice)))
@@ -336,7 +336,9 @@ def master_mail(
 def _master_request(
     case: CaseView, mode: str, mail: ParsedMail, typ: TypeView, ctx: Context, *, opened: bool
 ) -> tuple[list[Effect], str | None]:
-    """``!MODE`` in the master role (CONTRACT §3.1.1); returns effects and a resume notice."""
+    """``!MODE`` in the master role (docs/protocol.md §11.1); returns effects and a resume
+    notice.
+    """
     if case.open_handoff is not None:
         # One open handoff per case: the request is on the thread (mail.in
         # carries requested_mode) and starts nothing.
@@ -378,7 +380,7 @@ def handoff_request(
     fields: tuple[str, ...],
     ctx: Context,
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """CONTRACT §5 handoff.request; PROFILE §5: "details holds subject and each
+    """docs/protocol.md §8 handoff.request; docs/protocol.md §6: "details holds subject and each
     field of the endpoint's fields list found in the mail's text"."""
     details = {"subject": mail.event.subject or ""}
     details.update(find_fields(mail.event.text or "", fields))
@@ -396,8 +398,8 @@ def handoff_request(
 
 
 def negotiation_reply(case: CaseView, mail: ParsedMail) -> list[Effect]:
-    """CONTRACT §3.1.4: "A reply on the case address that supplies them is
-    sent to the mode as handoff.update."  PROFILE §3: only "when it comes from
+    """docs/protocol.md §11.4: "A reply on the case address that supplies them is
+    sent to the mode as handoff.update."  docs/protocol.md §4: only "when it comes from
     the participant and passed DMARC"."""
     h = case.open_handoff
     if h is None or h.status != "negotiating" or not h.needs or h.url is None:
@@ -431,20 +433,20 @@ def status_from_mode(
     ask: bool | None = None,
     relay: Peer | None = None,
 ) -> Reply:
-    """A ``handoff.status`` from the peer the handoff was sent to (CONTRACT §2, §4).
+    """A ``handoff.status`` from the peer the handoff was sent to (docs/protocol.md §7, §14).
 
     ``resume``: email mails the participant on a terminal status (the master
-    role, CONTRACT §3.1.3).  ``ask``: email mails the negotiation question
+    role, docs/protocol.md §11.3).  ``ask``: email mails the negotiation question
     (the master role, or a slave case with autonomous_send; defaults to
     ``resume``).  ``relay``: the outside master every status is relayed to
-    (the slave role, CONTRACT §3.2.4).
+    (the slave role, docs/protocol.md §13.4).
     """
-    # CONTRACT §2: "A receiver MUST ignore a status whose seq is not greater
-    # than the last one it accepted".  PROFILE §6 puts this before the
+    # docs/protocol.md §7: "A receiver MUST ignore a status whose seq is not greater
+    # than the last one it accepted".  docs/protocol.md §9 puts this before the
     # transition check.
     if handoff.last_seq is not None and msg.seq <= handoff.last_seq:
         return Reply(200, STALE)
-    # CONTRACT §4: "A receiver MUST refuse a transition that the table does
+    # docs/protocol.md §14: "A receiver MUST refuse a transition that the table does
     # not allow"; a mode is never the timeout owner (in the slave role,
     # "Email sets no deadline and never records timed-out").
     MACHINE.check(handoff.status, msg.status, source="mode", timeout_owner=False)
@@ -464,7 +466,7 @@ def status_from_mode(
         )
         effects.append(SendContract(relay.peer, relay.url, relayed, handoff.handoff_id))
     if resume and MACHINE.is_terminal(msg.status):
-        # CONTRACT §3.1.3: "On every terminal status, email resumes".
+        # docs/protocol.md §11.3: "On every terminal status, email resumes".
         text = texts.resume(case.address, handoff.mode, msg.status, fields)
         effects.append(SendMail("resume", text))
     elif (resume if ask is None else ask) and msg.status == "negotiating" and msg.needs:
@@ -474,7 +476,7 @@ def status_from_mode(
 
 
 def master_deadline(case: CaseView, handoff: HandoffView, ctx: Context) -> list[Effect]:
-    """PROFILE §8: "At the deadline with no terminal status: record timed-out;
+    """docs/protocol.md §12: "At the deadline with no terminal status: record timed-out;
     a handoff.request still undelivered is abandoned ... and the
     handoff.cancel with reason: "timed-out" goes out after it; mail the
     participant."""
@@ -499,7 +501,7 @@ def master_deadline(case: CaseView, handoff: HandoffView, ctx: Context) -> list[
 
 
 def request_failed(case: CaseView, handoff: HandoffView, detail: str) -> list[Effect]:
-    """PROFILE §7: "a refused handoff.request records failed with the detail
+    """docs/protocol.md §10: "a refused handoff.request records failed with the detail
     and resumes by email" (also when retries ran out).
 
     A mode that already posted a status the table does not let ``failed``
@@ -533,14 +535,14 @@ def _forbidden(detail: str) -> WireError:
 
 
 def authorize_status(who: Caller, handoff: HandoffView) -> None:
-    """PROFILE §6: "a mode may post statuses only for handoffs sent to it"; the
+    """docs/protocol.md §9: "a mode may post statuses only for handoffs sent to it"; the
     handoff records its peer, so a status from any other is ``403 forbidden``."""
     if not who.covers(handoff.peer):
         raise _forbidden(f"handoff_id: {handoff.handoff_id} was not sent to this peer")
 
 
 def authorize_master(who: Caller, case: CaseView) -> None:
-    """PROFILE §6: "a master may send only master messages, only for its own
+    """docs/protocol.md §9: "a master may send only master messages, only for its own
     domain and types": a case it may act on is a slave-role case of its type."""
     if case.role != "slave" or not who.serves(case.domain, case.type):
         raise _forbidden(f"case: {case.key} is not a case of this master")

@@ -32,7 +32,7 @@ class MasdError(Exception):
 
 
 class AddressError(MasdError):
-    """A recipient address that masd refuses (PROFILE §1).
+    """A recipient address that masd refuses (docs/protocol.md §2).
 
     ``part`` names the part of the address at fault: ``address``, ``local``,
     ``type``, ``id``, ``mode`` or ``domain``.  ``code`` is ``unknown-domain``
@@ -61,19 +61,19 @@ class ConfigError(MasdError):
 
 
 class EventError(MasdError):
-    """A message that cannot be turned into a gateway event (PROFILE §12)."""
+    """A message that cannot be turned into a gateway event (docs/protocol.md §15)."""
 
     code = "bad-message"
 
 
 class TransitionError(MasdError):
-    """A handoff status the status machine does not allow (CONTRACT §4)."""
+    """A handoff status the status machine does not allow (docs/protocol.md §14)."""
 
     code = "invalid-transition"
 
 
 class WireError(MasdError):
-    """A contract message refused with an HTTP status (PROFILE §6).
+    """A contract message refused with an HTTP status (docs/protocol.md §9).
 
     ``status`` is the HTTP status, ``code`` the contract's ``error`` value.
     """

@@ -1,4 +1,4 @@
-"""The gateway event: one inbound mail, normalized (PROFILE §12).
+"""The gateway event: one inbound mail, normalized (docs/protocol.md §15).
 
 "The ``event`` in ``case.intake`` and ``case.message`` is the normalized
 inbound mail ... Decoding is tolerant (unknown fields ignored); encoding is
@@ -138,7 +138,7 @@ class Attachment:
 
 @dataclass(frozen=True)
 class GatewayEvent:
-    """The normalized inbound mail (PROFILE §12).  Every field is bounded."""
+    """The normalized inbound mail (docs/protocol.md §15).  Every field is bounded."""
 
     message_ref: str
     received_at: str

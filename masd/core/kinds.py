@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final, Literal, get_args
 
-#: A thread entry's kind (PROFILE §11).
+#: A thread entry's kind (docs/protocol.md §16).
 ThreadKind = Literal[
     "mail.in",
     "mail.out",
@@ -38,6 +38,6 @@ OutboxKind = Literal["contract", "mail"]
 OUTBOX_KINDS: Final = frozenset(get_args(OutboxKind))
 
 #: Where an outbox row stands: waiting, delivered, given up, or withdrawn at a
-#: handoff's deadline before it went out (PROFILE §8).
+#: handoff's deadline before it went out (docs/protocol.md §12).
 OutboxState = Literal["pending", "done", "failed", "abandoned"]
 OUTBOX_STATES: Final = frozenset(get_args(OutboxState))

@@ -1,6 +1,6 @@
-"""Principle 10: whom email may mail, and how often (CONTRACT §6, PROFILE §3).
+"""Principle 10: whom email may mail, and how often (docs/protocol.md §4.4, §4).
 
-CONTRACT §6: "Email MUST NOT send mail to a sender that did not pass DMARC (as
+docs/protocol.md §4.4: "Email MUST NOT send mail to a sender that did not pass DMARC (as
 read from trusted Authentication-Results), to automated mail (Auto-Submitted
 other than no, or Precedence: bulk | list | junk), or to the null sender. It
 MUST NOT send once its send cap is reached. These rules hold whoever asks for
@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-#: The refusal reasons of CONTRACT §5 (``mail.send`` responses) and PROFILE §3.
+#: The refusal reasons of docs/protocol.md §8 (``mail.send`` responses) and docs/protocol.md §4.
 Refusal = Literal[
     "unauthenticated-sender", "automated-sender", "send-cap-reached", "unknown-message"
 ]
 
-#: PROFILE §3: "per_recipient_per_day (default 10, rolling 24 h ...)".
+#: docs/protocol.md §4: "per_recipient_per_day (default 10, rolling 24 h ...)".
 CAP_WINDOW_SECONDS: Final = 24 * 3600
 
 
@@ -31,8 +31,8 @@ class Recipient:
     """What masd recorded of the mail whose sender would receive the send."""
 
     address: str
-    authenticated: bool  # DMARC pass, from trusted A-R, header.from matching (PROFILE §3)
-    automated: bool  # Auto-Submitted / Precedence / null sender (PROFILE §3)
+    authenticated: bool  # DMARC pass, from trusted A-R, header.from matching (docs/protocol.md §4)
+    automated: bool  # Auto-Submitted / Precedence / null sender (docs/protocol.md §4)
 
 
 @dataclass(frozen=True)
@@ -57,12 +57,12 @@ def decide_send(recipient: Recipient | None, counts: Counts, caps: Caps) -> Refu
     """
     if recipient is None:
         return "unknown-message"
-    # The null sender is automated mail too (PROFILE §3) and has no address.
+    # The null sender is automated mail too (docs/protocol.md §4) and has no address.
     if recipient.automated or not recipient.address:
         return "automated-sender"
     if not recipient.authenticated:
         return "unauthenticated-sender"
-    # "Reaching either cap refuses the send" (PROFILE §3): a cap of 20 allows
+    # "Reaching either cap refuses the send" (docs/protocol.md §4): a cap of 20 allows
     # 20 mails and refuses the 21st.
     if counts.case_sent >= caps.per_case or counts.recipient_sent_24h >= caps.per_recipient_per_day:
         return "send-cap-reached"

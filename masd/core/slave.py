@@ -1,4 +1,4 @@
-"""The slave role: pure decisions for cases an outside master owns (CONTRACT §3.2).
+"""The slave role: pure decisions for cases an outside master owns (docs/protocol.md §13).
 
 In this role email records and reports; the master names the cases
 (``case.assign``), sets each case's policy (``case.policy``) and decides
@@ -76,7 +76,7 @@ class SlaveTerms:
 def slave_intake(address: Address, mail: ParsedMail, ctx: Context, *, master: Peer) -> OpenIntake:
     """A mail to a slave-role intake address (``type@D``, ``type!mode@D``).
 
-    CONTRACT §3.2.1: "Email MUST NOT invent case identifiers in this role.
+    docs/protocol.md §13.1: "Email MUST NOT invent case identifiers in this role.
     Until assigned, the intake stays pending."  The mail is reported to the
     master as case.intake under a fresh ``intake_ref``; nothing else happens.
     """
@@ -90,7 +90,7 @@ def slave_intake(address: Address, mail: ParsedMail, ctx: Context, *, master: Pe
         resource_type=address.type,
         event=ev.to_json(),
     )
-    # PROFILE §9: "case.intake carries requested_mode always, null when none".
+    # docs/protocol.md §13: "case.intake carries requested_mode always, null when none".
     message["requested_mode"] = address.mode
     return OpenIntake(
         intake_ref, ev.message_ref, address.domain, address.type, address.mode, master, message
@@ -98,7 +98,7 @@ def slave_intake(address: Address, mail: ParsedMail, ctx: Context, *, master: Pe
 
 
 def case_message(case: CaseView, message_ref: str, event: Mapping[str, Any]) -> dict[str, Any]:
-    """CONTRACT §3.2.2: "Inbound mail on a case is reported as case.message"."""
+    """docs/protocol.md §13.2: "Inbound mail on a case is reported as case.message"."""
     return envelope(
         "case.message", f"msg-{message_ref}", case.ref, event=dict(event), message_ref=message_ref
     )
@@ -117,7 +117,7 @@ def slave_mail(
     if address.mode:
         effects += slave_request(case, address.mode, mail, terms, ctx)
     elif terms.policy.autonomous_send:
-        # PROFILE §5: "In the slave role without autonomous_send, email asks
+        # docs/protocol.md §6: "In the slave role without autonomous_send, email asks
         # nothing and sends no handoff.update".
         effects += negotiation_reply(case, mail)
     return effects
@@ -126,7 +126,7 @@ def slave_mail(
 def _requested(
     case: CaseView, handoff_id: str, mode: str, master: Peer, forwarded: bool, **extra: Any
 ) -> SendContract:
-    """CONTRACT §3.2.4: the master hears of every ``!MODE`` as handoff.requested."""
+    """docs/protocol.md §13.4: the master hears of every ``!MODE`` as handoff.requested."""
     message = envelope(
         "handoff.requested",
         f"req-{handoff_id}",
@@ -142,7 +142,7 @@ def _requested(
 def slave_request(
     case: CaseView, mode: str, mail: ParsedMail, terms: SlaveTerms, ctx: Context
 ) -> list[Effect]:
-    """``!MODE`` on a slave case, under its policy (CONTRACT §3.2.4, PROFILE §9).
+    """``!MODE`` on a slave case, under its policy (docs/protocol.md §13.4, §13).
 
     ``mail`` is the mail that asked (for an intake, read again from the
     store when the case is assigned).  "The type's modes list
@@ -154,7 +154,7 @@ def slave_request(
     handoff_id, master, transfer = ctx.new_id(), terms.master, terms.transfer
     typ = TypeView("slave", frozenset(), {}, False, terms.require_dmarc, "")
     if not may_steer(mail, case, typ):
-        # PROFILE §3's steering rule holds in both roles: recorded and
+        # docs/protocol.md §4's steering rule holds in both roles: recorded and
         # refused with reason blocked; the master learns it was not forwarded.
         return [
             OpenHandoff(handoff_id, mode, "email", None, None, details={}, forwarded=False),
@@ -163,7 +163,7 @@ def slave_request(
             _requested(case, handoff_id, mode, master, False, reason="blocked"),
         ]
     if terms.policy.transfers == "block" or transfer is None:
-        # CONTRACT §3.2.4: "With block, a !MODE request is reported as
+        # docs/protocol.md §13.4: "With block, a !MODE request is reported as
         # handoff.requested with "forwarded": false, and nothing else happens."
         # No handoff is opened: the request has no status, never counts as
         # the case's open handoff, and the next request is decided under the
@@ -172,7 +172,7 @@ def slave_request(
         # master's cancel naming it is matched against (cancel_from_master).
         return [_requested(case, handoff_id, mode, master, False)]
     details, request = handoff_request(case, handoff_id, mode, mail, transfer.fields, ctx)
-    # No deadline: "Timeouts belong to the master" (CONTRACT §3.2.5).
+    # No deadline: "Timeouts belong to the master" (docs/protocol.md §13.5).
     return [
         OpenHandoff(handoff_id, mode, transfer.peer, transfer.url, None, details, forwarded=True),
         Status(handoff_id, "requested", None, "email"),
@@ -185,7 +185,7 @@ def slave_request(
 
 
 def patched(policy: PolicyView, patch: PolicyPatch | None) -> PolicyView:
-    """PROFILE §9: "case.policy changes only the fields it carries"."""
+    """docs/protocol.md §13: "case.policy changes only the fields it carries"."""
     if patch is None:
         return policy
     return PolicyView(
@@ -262,7 +262,7 @@ def case_assigned(
     opened: bool,
     mail: ParsedMail | None,
 ) -> list[Effect]:
-    """CONTRACT §3.2.1: the master names the case; email adopts ``TYPE=ID@D``.
+    """docs/protocol.md §13.1: the master names the case; email adopts ``TYPE=ID@D``.
 
     ``opened``: the case is new (else the id names a case already there,
     which takes the intake too).  ``terms``: the case's, its policy with the
@@ -274,14 +274,14 @@ def case_assigned(
     if opened or msg.policy is not None:
         effects.append(SetPolicy(policy))
     effects += [
-        # PROFILE §9: "On case.assign the intake's message becomes the case's
+        # docs/protocol.md §13: "On case.assign the intake's message becomes the case's
         # first message: mail.send may answer it."
         AssignIntake(intake.intake_ref, intake.message_ref),
         _assigned_mail_in(intake),
         Thread("contract.in", {"type": "case.assign", "id": msg.id}),
     ]
     if policy.autonomous_send:
-        # CONTRACT §3.2.3: with autonomous_send, email "MAY also send
+        # docs/protocol.md §13.3: with autonomous_send, email "MAY also send
         # acknowledgements".
         text = texts.acknowledge(case.address)
         effects.append(SendMail("acknowledge", text, reply_to=intake.message_ref))
@@ -304,7 +304,7 @@ def cancel_from_master(
     *,
     reported: bool = False,
 ) -> Reply:
-    """The master's ``handoff.cancel`` (CONTRACT §3.2.5, docs/protocol.md §13.5).
+    """The master's ``handoff.cancel`` (docs/protocol.md §13.5).
 
     ``handoff``: the case's handoff the message names, None when the case
     has no handoff by that id.  ``reported``: then, whether that id is one
@@ -359,13 +359,13 @@ def slave_request_failed(
 ) -> list[Effect]:
     """A ``handoff.request`` to a webhook that was refused (4xx) or never got through.
 
-    PROFILE §7 records ``failed`` with the detail.  The master role then
+    docs/protocol.md §10 records ``failed`` with the detail.  The master role then
     resumes by mail; the slave role may not: "Email sends only on mail.send
     from the master, unless the case policy ... sets autonomous_send: true.
     Then email MAY also send acknowledgements and negotiation questions"
-    (CONTRACT §3.2.3), and a resume notice is neither.  The master, who owns
+    (docs/protocol.md §13.3), and a resume notice is neither.  The master, who owns
     the control flow, learns it as the handoff's next status, relayed like
-    every other (CONTRACT §3.2.4), with the seq after the last one accepted.
+    every other (docs/protocol.md §13.4), with the seq after the last one accepted.
     A webhook that has posted statuses the table does not let ``failed``
     follow (negotiating, scheduled) has the handoff anyway: the failed delivery
     is on the thread, the handoff stays as it is.

@@ -1,4 +1,4 @@
-"""The handoff status machine (CONTRACT §4), driven by a table kept as data.
+"""The handoff status machine (docs/protocol.md §14), driven by a table kept as data.
 
 Rules, from the contract:
 
@@ -40,7 +40,7 @@ Source = Literal["email", "mode"]
 
 @dataclass(frozen=True)
 class StatusMachine:
-    """The transition table of CONTRACT §4 as an immutable value."""
+    """The transition table of docs/protocol.md §14 as an immutable value."""
 
     statuses: frozenset[str]
     terminal: frozenset[str]
@@ -82,11 +82,13 @@ class StatusMachine:
         """Refuse with ``invalid-transition`` unless ``source`` may move ``current`` to ``new``.
 
         ``timeout_owner`` is true only when masd owns the handoff's deadline
-        (the master role, CONTRACT §3.1.2); it is never true for a mode.
+        (the master role, docs/protocol.md §11.2); it is never true for a mode.
         """
         where = NEW if current is None else current
         if new not in self.statuses:
-            raise TransitionError(f'status: "{new}" is not a status of CONTRACT §4 (from {where})')
+            raise TransitionError(
+                f'status: "{new}" is not a status of docs/protocol.md §14 (from {where})'
+            )
         if where in self.terminal:
             raise TransitionError(
                 f'status: "{new}" after terminal status "{where}"; '

@@ -1,4 +1,4 @@
-"""The words of the mails masd writes itself (PROFILE §4, §5).
+"""The words of the mails masd writes itself (docs/protocol.md §5, §6).
 
 Plain, short, one per situation; each says what happened and what the
 participant can do.  They go out with ``Auto-Submitted: auto-replied``.

@@ -1,6 +1,6 @@
 """Which Authentication-Results masd believes, and which mail is automated.
 
-PROFILE §3 (CONTRACT §6, Principle 10) in three rules:
+docs/protocol.md §4 (docs/protocol.md §4.4, Principle 10) in three rules:
 
 * **Trusted block.** "The headers from the top of the message down to the
   first ``Received`` header whose ``by`` host is not in
@@ -69,7 +69,7 @@ __all__ = [
     "strip_comments",
 ]
 
-#: The values ``auth.dmarc`` may take in a gateway event (PROFILE §12).
+#: The values ``auth.dmarc`` may take in a gateway event (docs/protocol.md §15).
 DMARC_RESULTS = frozenset({"pass", "fail", "none", "temperror", "permerror", "absent"})
 
 _AUTHRES = authres.FeatureContext(authres.dmarc)
@@ -80,7 +80,7 @@ _RAW_RESULTS = frozenset({"pass", "fail", "none", "temperror", "permerror"})
 
 @dataclass(frozen=True)
 class TrustSettings:
-    """Which MTAs masd believes (PROFILE §10 ``server.trusted_*``).
+    """Which MTAs masd believes (docs/protocol.md §18 ``server.trusted_*``).
 
     Both sets are normalized on construction (lowercase, no final dot), and
     an empty ``trusted_hosts`` means the authserv-ids ("default:
@@ -376,7 +376,7 @@ def _parse_dmarc(first_piece: str, resinfo: str) -> _Dmarc:
 
 def trusted_block(headers: Sequence[tuple[str, str]], settings: TrustSettings) -> int:
     """How many headers, from the top, masd believes: up to the first
-    ``Received`` not added by a trusted host (PROFILE §3, decision 1)."""
+    ``Received`` not added by a trusted host (docs/protocol.md §4, decision 1)."""
     for i, (name, value) in enumerate(headers):
         if name.lower() == "received":
             host = received_by(value)
@@ -390,7 +390,7 @@ def read_auth(
     from_addresses: Sequence[str],
     settings: TrustSettings,
 ) -> AuthVerdict:
-    """The DMARC verdict of a message (PROFILE §3), from its headers top down.
+    """The DMARC verdict of a message (docs/protocol.md §4), from its headers top down.
 
     ``headers`` are (name, unfolded value) pairs in message order;
     ``from_addresses`` every address of every From header.
@@ -441,7 +441,7 @@ _SUPPRESS_ANSWERS: Final = frozenset({"all", "autoreply"})
 
 
 def read_automation(headers: Sequence[tuple[str, str]], mail_from: str) -> Automation:
-    """Whether the mail is automated (PROFILE §3), and the first reason found.
+    """Whether the mail is automated (docs/protocol.md §4), and the first reason found.
 
     ``Auto-Submitted`` (RFC 3834 §5) is checked first, then ``Precedence``,
     ``List-Id``, ``X-Auto-Response-Suppress``, then the envelope sender.  An

@@ -1,11 +1,11 @@
-"""Contract messages on the wire (CONTRACT §2, §5; PROFILE §6).
+"""Contract messages on the wire (docs/protocol.md §7, §8; docs/protocol.md §9).
 
 Decoding is strict about what masd acts on and tolerant of the rest: unknown
 fields are ignored, every known field is checked for type and bounds, and a
-refusal names the field and the value (PROFILE §6: "names the field or value
+refusal names the field and the value (docs/protocol.md §9: "names the field or value
 refused").  Encoding builds the exact JSON masd sends.
 
-The checks run in PROFILE §6's order, split where the edge must step in:
+The checks run in docs/protocol.md §9's order, split where the edge must step in:
 
 1. :func:`parse_envelope` -- not JSON or no envelope (``invalid-message``),
    ``unsupported-version``, ``unknown-type``.  The JSON itself is read by
@@ -34,7 +34,7 @@ from masd.core.status import MACHINE
 
 VERSION: Final = "0.1"
 
-#: Every message type of CONTRACT §5, with the parties that send it.
+#: Every message type of docs/protocol.md §8, with the parties that send it.
 TYPES: Final = {
     "handoff.request": "email",
     "handoff.update": "email",
@@ -48,7 +48,7 @@ TYPES: Final = {
     "mail.send": "master",
 }
 
-#: What each kind of peer may send to email (PROFILE §6: "a mode may post
+#: What each kind of peer may send to email (docs/protocol.md §9: "a mode may post
 #: statuses only ...; a master may send only master messages").
 MAY_SEND: Final = {
     "mode": frozenset({"handoff.status"}),
@@ -56,14 +56,14 @@ MAY_SEND: Final = {
     "master": frozenset({"case.assign", "case.policy", "mail.send", "handoff.cancel"}),
 }
 
-#: CONTRACT §2: "case ... Absent only in case.intake and case.assign."
+#: docs/protocol.md §7: "case ... Absent only in case.intake and case.assign."
 _NO_CASE: Final = frozenset({"case.intake", "case.assign"})
 
 REFUSE_REASONS: Final = frozenset(
     {"mode-unavailable", "mode-not-enabled", "declined", "out-of-hours", "blocked"}
 )
 
-# Bounds (PROFILE §6 and §12: "every field bounded").
+# Bounds (docs/protocol.md §9 and §15: "every field bounded").
 MAX_ID: Final = 128
 MAX_TOKEN: Final = 64  # statuses, reasons, outcomes, field names
 MAX_DETAIL: Final = 1024
@@ -72,9 +72,9 @@ MAX_SUBJECT: Final = 998
 MAX_BODY: Final = 200_000
 MAX_URL: Final = 2048
 MAX_SEQ: Final = 2**53 - 1
-#: PROFILE §6: JSON nested deeper than this is refused (the top object is level 1).
+#: docs/protocol.md §9: JSON nested deeper than this is refused (the top object is level 1).
 MAX_DEPTH: Final = 32
-#: PROFILE §6: integers outside ±2^53 are refused.
+#: docs/protocol.md §9: integers outside ±2^53 are refused.
 MAX_INT: Final = 2**53
 
 _ID_RE: Final = re.compile(r"[\x21-\x7e]{1,128}")
@@ -217,7 +217,7 @@ _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
 def loads(raw: bytes) -> Any:
-    """The JSON value in ``raw`` (UTF-8), within PROFILE §6's bounds.
+    """The JSON value in ``raw`` (UTF-8), within docs/protocol.md §9's bounds.
 
     ``invalid-message`` names the field at fault: ``body`` for what is not
     JSON or is nested too deep, else the field's path (``case.key``,
@@ -289,7 +289,7 @@ def parse_envelope(raw: bytes) -> Envelope:
         raise _bad(f"body: a JSON {type(body).__name__}, not an object")
     for name in ("mas_modes_version", "type", "id"):
         if name not in body:
-            raise _bad(f"{name}: missing (every message carries the envelope, CONTRACT §2)")
+            raise _bad(f"{name}: missing (every message carries the envelope, docs/protocol.md §7)")
     version = body["mas_modes_version"]
     if version != VERSION:
         raise WireError(
@@ -299,7 +299,8 @@ def parse_envelope(raw: bytes) -> Envelope:
     mtype = body["type"]
     if not isinstance(mtype, str) or mtype not in TYPES:
         raise WireError(
-            f"type: {json.dumps(mtype)} is not a message type of CONTRACT §5", code="unknown-type"
+            f"type: {json.dumps(mtype)} is not a message type of docs/protocol.md §8",
+            code="unknown-type",
         )
     return Envelope(type=mtype, id=_id(body, "id"), body=body)
 
@@ -327,11 +328,11 @@ def decode(envelope: Envelope) -> Inbound:
             return HandoffCancel(envelope.id, case, _id(b, "handoff_id"), _token(b, "reason"))
         case "case.assign":
             if "case" in b:
-                raise _bad("case: not allowed in case.assign (CONTRACT §2)")
+                raise _bad("case: not allowed in case.assign (docs/protocol.md §7)")
             policy = _policy(b["policy"], "policy") if b.get("policy") is not None else None
             resource_id = _str(b, "resource_id", 64)
             try:
-                # The grammar is a schema fault (400 before 404, PROFILE §6);
+                # The grammar is a schema fault (400 before 404, docs/protocol.md §9);
                 # the 47-octet bound needs the intake's type and comes later.
                 check_id_grammar(resource_id)
             except AddressError as exc:
@@ -355,7 +356,7 @@ def _status(mid: str, case: CaseRef, b: Mapping[str, Any]) -> HandoffStatus:
         raise _bad(f"seq: {json.dumps(seq)} is not an integer from 0 to 2^53-1")
     status = _token(b, "status")
     if status not in MACHINE.statuses:
-        raise _bad(f'status: "{status}" is not a status of CONTRACT §4')
+        raise _bad(f'status: "{status}" is not a status of docs/protocol.md §14')
     needs = None
     if b.get("needs") is not None:
         raw = b["needs"]
@@ -414,7 +415,7 @@ def _policy(raw: Any, where: str) -> PolicyPatch:
 
 
 def _case(b: Mapping[str, Any]) -> CaseRef:
-    # PROFILE §1: "a receiver refuses a message whose key does not match its
+    # docs/protocol.md §2: "a receiver refuses a message whose key does not match its
     # address (invalid-message)".
     raw = b.get("case")
     if not isinstance(raw, dict):

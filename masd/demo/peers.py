@@ -230,7 +230,7 @@ class Crm(_DemoPeer):
     def _on(self, message: dict[str, Any]) -> Answer:
         if not isinstance(message.get("id"), str):
             return _refusal("invalid-message", "id: missing", 400)
-        if message["id"] in self._seen:  # CONTRACT §2: a repeated id is already processed
+        if message["id"] in self._seen:  # docs/protocol.md §7: a repeated id is already processed
             return _OK
         self._seen.add(message["id"])
         self.received.append(message)

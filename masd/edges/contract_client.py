@@ -1,4 +1,4 @@
-"""Contract messages out over HTTP (PROFILE §7): one httpx client, outcomes as data.
+"""Contract messages out over HTTP (docs/protocol.md §10): one httpx client, outcomes as data.
 
 Every message is a ``POST`` of its JSON with ``Authorization: Bearer
 <the peer's secret>`` through one ``httpx.AsyncClient``.  In production its

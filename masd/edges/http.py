@@ -1,6 +1,7 @@
-"""The HTTP listener (PROFILE §6, §11): contract messages in, health, metrics, the read side.
+"""The HTTP listener (docs/protocol.md §9, §16): contract messages in, health, metrics, the read
+side.
 
-``POST /mas/v0.1/messages`` runs PROFILE §6's checks in order, the first
+``POST /mas/v0.1/messages`` runs docs/protocol.md §9's checks in order, the first
 failure answers: 401 (the body is not read) -> 415 -> 413 -> envelope
 (400) -> 403 for a type the peer may not send -> one store job
 (:func:`masd.service.receive`: idempotency, schema, 404, 403, stale, 409).
@@ -11,7 +12,7 @@ Nothing a client sends yields a 5xx: a malformed ``Authorization`` header is
 itself failed: ``503 unavailable`` with ``Retry-After``, and the same ``id``
 may be sent again.
 
-Limits (PROFILE §6, :class:`HttpLimits`): a request head must arrive within
+Limits (docs/protocol.md §9, :class:`HttpLimits`): a request head must arrive within
 10 s of its first byte (or of the connection), an idle keep-alive connection
 is closed after 75 s, and at most ``server.max_http_connections`` are open at
 once; one more is answered 503 as it is accepted and closed
@@ -57,13 +58,13 @@ MESSAGES_PATH: Final = "/mas/v0.1/messages"
 CASES_PATH: Final = "/mas/v0.1/cases"
 #: The test clock (masd serve --test-clock only).
 CLOCK_PATH: Final = "/mas/v0.1/test/clock"
-#: PROFILE §6: "413 too-large (body over 256 KiB)".
+#: docs/protocol.md §9: "413 too-large (body over 256 KiB)".
 MAX_BODY: Final = 256 * 1024
 _CHUNK: Final = 64 * 1024
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 #: Seconds a client should wait before sending again after a 503.
 RETRY_AFTER: Final = 5
-#: PROFILE §6: the limits, by default (``server.max_http_connections`` for the cap).
+#: docs/protocol.md §9: the limits, by default (``server.max_http_connections`` for the cap).
 HEADER_TIMEOUT: Final = 10.0
 KEEPALIVE_TIMEOUT: Final = 75.0
 MAX_CONNECTIONS: Final = 1000
@@ -293,7 +294,9 @@ class HttpEdge:
     # ------------------------------------------------------------------ health and metrics
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        """PROFILE §6: 200 only while the store accepts a write (checked at most every 5 s)."""
+        """docs/protocol.md §9: 200 only while the store accepts a write (checked at most every 5
+        s).
+        """
         try:
             health = await self.store.check()
         except Exception as exc:  # noqa: BLE001 (any failure means "not healthy")
@@ -318,7 +321,7 @@ class HttpEdge:
     # ------------------------------------------------------------------ read side
 
     def admin_refusal(self, request: web.Request) -> web.Response | None:
-        """PROFILE §11: the read side needs the admin secret, else 401."""
+        """docs/protocol.md §16: the read side needs the admin secret, else 401."""
         token = self.rt.config.server.admin_token
         if token is None:
             return refusal(
@@ -425,7 +428,7 @@ class HttpListenError(ListenError):
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """PROFILE §6's limits on the HTTP listener (seconds and a count)."""
+    """docs/protocol.md §9's limits on the HTTP listener (seconds and a count)."""
 
     max_connections: int = MAX_CONNECTIONS
     header_timeout: float = HEADER_TIMEOUT

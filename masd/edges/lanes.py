@@ -1,4 +1,5 @@
-"""Per-peer lanes of the outbox: an in-flight limit and a circuit (PROFILE §7 "Isolation").
+"""Per-peer lanes of the outbox: an in-flight limit and a circuit (docs/protocol.md §10
+"Isolation").
 
 Every destination has a lane: each peer by URL origin (scheme, host, port)
 and the SMTP relay (:data:`RELAY`).  A lane lets at most ``limit`` sends be

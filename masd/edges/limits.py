@@ -1,4 +1,4 @@
-"""Connection limits of the listeners (PROFILE §2 LMTP sessions, §6 HTTP connections).
+"""Connection limits of the listeners (docs/protocol.md §3 LMTP sessions, §6 HTTP connections).
 
 A :class:`Gate` is a listener's protocol factory wrapped with a count of the
 connections open at once.  One accepted beyond ``limit`` gets the

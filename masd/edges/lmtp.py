@@ -1,4 +1,4 @@
-"""The LMTP listener: Postfix hands mail to masd here (PROFILE §2).
+"""The LMTP listener: Postfix hands mail to masd here (docs/protocol.md §3).
 
 Recipients are checked at RCPT so Postfix can refuse at SMTP time; the mail
 is recorded per recipient at DATA, each in its own store job, concurrently.
@@ -67,11 +67,11 @@ __all__ = [
 
 log = logging.getLogger("masd.lmtp")
 
-#: PROFILE §2: a session with no command and no data for this long is closed
+#: docs/protocol.md §3: a session with no command and no data for this long is closed
 #: (RFC 5321 §4.5.3.2: 5 minutes).  The time masd takes to record the data
 #: does not count.
 IDLE_TIMEOUT: Final = 300.0
-#: PROFILE §2: ``server.max_lmtp_sessions`` by default.
+#: docs/protocol.md §3: ``server.max_lmtp_sessions`` by default.
 MAX_SESSIONS: Final = 100
 #: Messages at least this large are parsed on a worker thread, not on the loop.
 THREAD_PARSE_BYTES: Final = 256 * 1024
@@ -194,7 +194,7 @@ class LmtpHandler:
         return parse_address(rcpt, delimiter=self._delimiter, domains=self._domains)
 
     async def check_recipient(self, rcpt: str) -> tuple[ReplyCode, str]:
-        """PROFILE §2 at RCPT: would a mail to ``rcpt`` be recorded?"""
+        """docs/protocol.md §3 at RCPT: would a mail to ``rcpt`` be recorded?"""
         return await check_recipient(self.rt, self.store, rcpt)
 
     async def record(self, raw: bytes, mail_from: str, rcpts: Sequence[str]) -> RecipientReplies:
@@ -309,7 +309,7 @@ class LmtpHandler:
 
 
 async def check_recipient(rt: Runtime, store: Store, rcpt: str) -> tuple[ReplyCode, str]:
-    """PROFILE §2 at RCPT: would a mail to ``rcpt`` be recorded?  Never raises.
+    """docs/protocol.md §3 at RCPT: would a mail to ``rcpt`` be recorded?  Never raises.
 
     The reply masd gives at LMTP RCPT, and the one the policy listener turns
     into a Postfix access action, so both refuse the same recipients.

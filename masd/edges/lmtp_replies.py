@@ -1,4 +1,4 @@
-"""LMTP replies masd makes itself (PROFILE §2), shared by the LMTP and policy edges.
+"""LMTP replies masd makes itself (docs/protocol.md §3), shared by the LMTP and policy edges.
 
 Each kind of reply is a :class:`ReplyCode` (code, RFC 3463 enhanced code,
 metrics outcome); its text is one printable ASCII line of bounded length.
@@ -29,7 +29,7 @@ class ReplyCode:
 
 
 class Replies:
-    """Every reply masd makes itself (PROFILE §2 for recipients)."""
+    """Every reply masd makes itself (docs/protocol.md §3 for recipients)."""
 
     SENDER_OK: Final = ReplyCode(250, "2.1.0", "sender-ok")
     BAD_SENDER: Final = ReplyCode(501, "5.1.7", "bad-sender")
@@ -47,7 +47,7 @@ class Replies:
 
 
 def address_refusal(exc: AddressError) -> ReplyCode:
-    """The reply to a recipient address masd refuses (PROFILE §2)."""
+    """The reply to a recipient address masd refuses (docs/protocol.md §3)."""
     return Replies.UNKNOWN_DOMAIN if exc.code == "unknown-domain" else Replies.BAD_ADDRESS
 
 

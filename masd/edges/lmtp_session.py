@@ -20,7 +20,7 @@ in :class:`LmtpProtocol`:
   (:func:`read_data`), not one line per ``await`` as aiosmtpd does, with the
   same limits and answers;
 - a session that makes no progress (no command, no data) for the idle
-  timeout is closed (PROFILE §2, RFC 5321 §4.5.3.2); while masd itself works
+  timeout is closed (docs/protocol.md §3, RFC 5321 §4.5.3.2); while masd itself works
   on the data the clock is stopped.  Closing inside DATA records nothing.
 
 aiosmtpd's private names (underscore attributes and methods) that this

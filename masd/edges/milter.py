@@ -1,6 +1,6 @@
 """The milter listener: Postfix (``smtpd_milters``) or Sendmail asks masd during SMTP.
 
-PROFILE §13: the same recipient answers as the LMTP edge and the policy
+docs/protocol.md §17: the same recipient answers as the LMTP edge and the policy
 listener, from the one check (:func:`masd.edges.lmtp.check_recipient`):
 
 - accepted, or a domain masd does not serve: continue (the MTA decides);

@@ -1,4 +1,4 @@
-"""The outbox sender: contract messages over HTTP and mail over SMTP (PROFILE §4, §7).
+"""The outbox sender: contract messages over HTTP and mail over SMTP (docs/protocol.md §5, §10).
 
 Rows are queued by the service inside the transaction that caused them;
 this loop delivers them.  The head of each queue (one case and one peer) is

@@ -3,7 +3,7 @@
 Postfix's SMTP access policy delegation (``check_policy_service``, see
 Postfix's SMTPD_POLICY_README): the client sends ``name=value`` lines ended
 by an empty line; masd answers ``action=...`` and an empty line; one
-connection carries any number of requests.  PROFILE §2: "Unknown recipients
+connection carries any number of requests.  docs/protocol.md §3: "Unknown recipients
 should also be refused at RCPT time so Postfix can reject at SMTP time,
 never accepted and dropped" — refusing during the SMTP dialogue means no
 bounce is ever sent to a forged sender (no backscatter).

@@ -1,6 +1,6 @@
 """Outbound mail: DKIM signing and one SMTP transaction with ``server.smtp_relay``.
 
-PROFILE §4: "DKIM-signed when the domain has a key ... Sent through
+docs/protocol.md §5: "DKIM-signed when the domain has a key ... Sent through
 server.smtp_relay (default 127.0.0.1:25); a relay that is down is retried,
 the mail is not lost."  :func:`send_mail` never raises for what the relay,
 the network or the key does: every outcome is an :class:`SmtpResult`

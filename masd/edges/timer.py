@@ -1,4 +1,4 @@
-"""The deadline timer: master-role handoffs that ran out of time (PROFILE §8).
+"""The deadline timer: master-role handoffs that ran out of time (docs/protocol.md §12).
 
 "Deadline = time handoff.request was recorded + the endpoint's deadline. At
 the deadline with no terminal status: record timed-out ...".  Deadlines live

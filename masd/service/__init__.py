@@ -14,7 +14,7 @@ commit together.  One module per input:
 - :mod:`~masd.service.housekeeping`: expired rows (:func:`purge`);
 
 and :mod:`~masd.service.apply`, the one place effects are carried out, which
-returns what it applied.  Principle 10 (CONTRACT §6) is enforced there, in
+returns what it applied.  Principle 10 (docs/protocol.md §4.4) is enforced there, in
 the one function every outbound mail passes through.
 """
 

@@ -2,7 +2,7 @@
 
 :func:`apply` writes each effect through the store and returns what it
 applied (:class:`Applied`): each send's refusal, what the outbox and the
-timer were given to do, the statuses recorded.  Principle 10 (CONTRACT §6)
+timer were given to do, the statuses recorded.  Principle 10 (docs/protocol.md §4.4)
 is enforced in :func:`_send_mail`, the one place every outbound mail passes.
 """
 
@@ -98,7 +98,7 @@ class _Applying:
         append_thread(self.tx, self.case.key, kind, data, at=self.now)
 
     def queue(self, row: outbox.NewRow) -> int:
-        """One outbox row; rows of one ``queue`` are delivered in order (PROFILE §7).
+        """One outbox row; rows of one ``queue`` are delivered in order (docs/protocol.md §10).
         Returns its id, which the thread entry recording the send names."""
         retry_for = self.job.rt.config.server.retry_for
         outbox_id = outbox.queue(self.tx, row, self.now, self.now + retry_for)
@@ -212,7 +212,7 @@ def _abandon_request(ap: _Applying, e: AbandonRequest) -> None:
                 "kind": "contract",
                 "type": "handoff.request",
                 "id": mid,
-                "detail": "abandoned at the handoff's deadline (PROFILE §8)",
+                "detail": "abandoned at the handoff's deadline (docs/protocol.md §12)",
             },
         )
 
@@ -270,7 +270,7 @@ def _recipient(
     if reply_to is not None:
         sender = messages.on_case(tx, case.key, reply_to)
     else:
-        # PROFILE §4: replies thread to "the participant's latest mail on the case".
+        # docs/protocol.md §5: replies thread to "the participant's latest mail on the case".
         sender = messages.latest_from(tx, case.key, case.participant)
     if sender is None:
         return None
@@ -311,7 +311,7 @@ def _refusal(ap: _Applying, recipient: Recipient | None) -> str | None:
 
 
 def _send_mail(ap: _Applying, s: SendMail) -> str | None:
-    """The one gate every outbound mail passes (CONTRACT §6, PROFILE §3, §4);
+    """The one gate every outbound mail passes (docs/protocol.md §4.4, §4, §5);
     returns the send's refusal, or None when the mail was queued."""
     original = _recipient(ap.tx, ap.case, s.reply_to, ap.recorded)
     recipient = original.recipient if original is not None else None

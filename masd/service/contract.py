@@ -1,4 +1,4 @@
-"""Contract messages in: what the HTTP edge received, past authentication (PROFILE §6).
+"""Contract messages in: what the HTTP edge received, past authentication (docs/protocol.md §9).
 
 :func:`receive` keeps every answer per (peer, id) and hands the message to
 the handler its type names in :data:`HANDLERS`.  Each handler loads what the
@@ -74,7 +74,7 @@ class Received:
 def receive(rt: Runtime, tx: Tx, who: Principal, env: Envelope, now: float) -> Received:
     """A contract message that passed authentication and the envelope checks.
 
-    PROFILE §6 order from here: idempotency, schema, unknown case/handoff,
+    docs/protocol.md §9 order from here: idempotency, schema, unknown case/handoff,
     forbidden, stale seq, invalid transition.  Every answer but a 5xx is
     kept for the (peer, id), so a repeat gets the original status and body.
     """
@@ -120,7 +120,7 @@ def _handoff_named(job: Job, case: CaseView, handoff_id: str) -> HandoffView:
 
 def _handoff_status(job: Job, who: Principal, env: Envelope, msg: HandoffStatus) -> Handled:
     # One statement reads the case and its open handoff, which is usually the
-    # one the status is about; PROFILE §6 order: unknown case, then handoff.
+    # one the status is about; docs/protocol.md §9 order: unknown case, then handoff.
     rt = job.rt
     case = _case_named(job, msg.case.key)
     handoff = _handoff_named(job, case, msg.handoff_id)
@@ -128,7 +128,7 @@ def _handoff_status(job: Job, who: Principal, env: Envelope, msg: HandoffStatus)
     if case.role == "master":
         reply = status_from_mode(case, handoff, msg, resume=True)
     else:
-        # CONTRACT §3.2.4: email "relays every handoff.status to the master,
+        # docs/protocol.md §13.4: email "relays every handoff.status to the master,
         # and does the negotiation ... only when autonomous_send is true".
         policy = policy_of(rt, job.tx, case)
         reply = status_from_mode(
@@ -148,7 +148,9 @@ def _handoff_status(job: Job, who: Principal, env: Envelope, msg: HandoffStatus)
 def _check_webhook(
     rt: Runtime, domain: str, type_: str, patch: PolicyPatch | None, field: str
 ) -> None:
-    """PROFILE §10: a transfers URL outside the configured webhooks is ``400 invalid-message``."""
+    """docs/protocol.md §18: a transfers URL outside the configured webhooks is ``400
+    invalid-message``.
+    """
     if patch is None or patch.transfers in (None, "block"):
         return
     typ = rt.config.type_for(domain, type_)
@@ -184,7 +186,7 @@ def _case_policy(job: Job, who: Principal, env: Envelope, msg: CasePolicy) -> Ha
 
 
 def _mail_send(job: Job, who: Principal, env: Envelope, msg: MailSend) -> Handled:
-    """CONTRACT §3.2.3: a reply to a recorded message of the case, to its sender."""
+    """docs/protocol.md §13.3: a reply to a recorded message of the case, to its sender."""
     case = _master_case(job, who, env, msg.case.key)
     send = SendMail(
         "reply", msg.body, subject=msg.subject, reply_to=msg.in_reply_to, auto_submitted=False
@@ -203,7 +205,7 @@ def _mail_send(job: Job, who: Principal, env: Envelope, msg: MailSend) -> Handle
 
 
 def _handoff_cancel(job: Job, who: Principal, env: Envelope, msg: HandoffCancel) -> Handled:
-    """CONTRACT §3.2.5: the master ends a handoff; docs/protocol.md §13.4 for a
+    """docs/protocol.md §13.5: the master ends a handoff; docs/protocol.md §13.4 for a
     request that was never forwarded (it has no handoff, only its report)."""
     case = _case_named(job, msg.case.key)
     authorize_master(who, case)
@@ -241,12 +243,12 @@ def _intake_mail(job: Job, found: messages.Intake) -> ParsedMail | None:
 
 
 def _case_assign(job: Job, who: Principal, env: Envelope, msg: CaseAssign) -> Handled:
-    """CONTRACT §3.2.1: the master names the case; email adopts ``TYPE=ID@D``."""
+    """docs/protocol.md §13.1: the master names the case; email adopts ``TYPE=ID@D``."""
     rt = job.rt
     found = _intake(job, msg.intake_ref)
     intake = found.view
     domain, type_ = intake.domain, intake.type
-    # PROFILE §6: "400 invalid-message (schema, bounds ...)" before "403
+    # docs/protocol.md §9: "400 invalid-message (schema, bounds ...)" before "403
     # forbidden (right peer type, not its case ...)"; the id's bound depends
     # on the intake's type, so both follow the lookup.
     try:
@@ -256,7 +258,7 @@ def _case_assign(job: Job, who: Principal, env: Envelope, msg: CaseAssign) -> Ha
     _check_webhook(rt, domain, type_, msg.policy, "policy.transfers.webhook")
     authorize_assign(who, msg.intake_ref, domain, type_)
     address = parse_address(f"{type_}={resource_id}@{domain}", delimiter="")
-    # PROFILE §1: the canonical address has the "id as assigned"; an id with
+    # docs/protocol.md §2: the canonical address has the "id as assigned"; an id with
     # the same key names the same case, which keeps its first spelling.
     ref = {"address": cases.address(job.tx, address.key) or address.canonical, "key": address.key}
     again = assigned_before(intake, address.key, ref)
@@ -277,7 +279,7 @@ def _case_assign(job: Job, who: Principal, env: Envelope, msg: CaseAssign) -> Ha
 
 Handler = Callable[[Job, Principal, Envelope, Any], Handled]
 
-#: Each message type email receives, and what handles it (PROFILE §6
+#: Each message type email receives, and what handles it (docs/protocol.md §9
 #: ``MAY_SEND`` says which peers may send which; the edge checked that).
 HANDLERS: Final[Mapping[str, Handler]] = {
     "handoff.status": _handoff_status,

@@ -1,4 +1,4 @@
-"""Deadlines: master-role handoffs that ran out of time (CONTRACT §3.1.2, PROFILE §8)."""
+"""Deadlines: master-role handoffs that ran out of time (docs/protocol.md §11.2, §12)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def next_deadline(tx: Tx, exclude: Collection[str] = ()) -> float | None:
 
 
 def fire_deadline(rt: Runtime, tx: Tx, handoff_id: str, now: float) -> Wakes | None:
-    """CONTRACT §3.1.2 / PROFILE §8 for one handoff: what it woke, or None if nothing was due."""
+    """docs/protocol.md §11.2 / §12 for one handoff: what it woke, or None if nothing was due."""
     handoff = load_handoff(rt, tx, handoff_id)
     if handoff is None or handoff.closed:
         return None

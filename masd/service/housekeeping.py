@@ -1,4 +1,4 @@
-"""Forgetting what no rule needs any more (PROFILE §2, §6)."""
+"""Forgetting what no rule needs any more (docs/protocol.md §3, §9)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from masd.service.intake import DEDUPE_WINDOW
 from masd.store import Tx
 from masd.store import purge as rows
 
-#: PROFILE §6: "ids are kept at least 7 days".
+#: docs/protocol.md §9: "ids are kept at least 7 days".
 IDEMPOTENCY_WINDOW = 7 * 24 * 3600
 #: Delivered outbox rows are kept this long (for the read side and debugging).
 DONE_OUTBOX_KEPT = 7 * 24 * 3600
@@ -20,7 +20,7 @@ def purge(tx: Tx, now: float, limit: int = PURGE_BATCH) -> dict[str, int]:
     """Forget what no rule needs any more, at most ``limit`` rows per table;
     returns the rows removed per table (``limit`` for one: call again).
 
-    PROFILE §2 keeps delivery dedupe 7 days and PROFILE §6 keeps idempotency
+    docs/protocol.md §3 keeps delivery dedupe 7 days and docs/protocol.md §9 keeps idempotency
     ids "at least 7 days"; delivered outbox rows go after 7 days.  Cases,
     messages, threads and failed outbox rows are kept.
     """

@@ -1,4 +1,4 @@
-"""Mail in: one recipient's copy of an LMTP delivery, in either role (PROFILE §2)."""
+"""Mail in: one recipient's copy of an LMTP delivery, in either role (docs/protocol.md §3)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from masd.store import Tx, cases, messages
 
 log = logging.getLogger("masd")
 
-#: PROFILE §2: the same message delivered again within 7 days is recorded once.
+#: docs/protocol.md §3: the same message delivered again within 7 days is recorded once.
 DEDUPE_WINDOW = 7 * 24 * 3600
 
 
@@ -32,7 +32,7 @@ class Delivered:
 
 
 def dedupe_key(message_id: str | None, rcpt_to: str, sha256: str) -> str:
-    """PROFILE §2: same Message-ID (or none), same recipient, same SHA-256 of the bytes."""
+    """docs/protocol.md §3: same Message-ID (or none), same recipient, same SHA-256 of the bytes."""
     text = f"{message_id or ''}\0{rcpt_to.lower()}\0{sha256}"
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
@@ -86,7 +86,7 @@ def _case(job: Job, rcpt: Address) -> CaseView:
 
 
 def _master(job: Job, copy: _Mail) -> Delivered:
-    """CONTRACT §3.1: a mail to a master-role address (an intake opens a case)."""
+    """docs/protocol.md §11: a mail to a master-role address (an intake opens a case)."""
     rt, rcpt, ev = job.rt, copy.rcpt, copy.parsed.event
     typ = rt.type_view(rcpt.domain, rcpt.type)
     case: CaseView | None = None
@@ -109,7 +109,7 @@ def _master(job: Job, copy: _Mail) -> Delivered:
 
 
 def _slave_intake(job: Job, copy: _Mail) -> Delivered:
-    """CONTRACT §3.2.1: intake mail becomes case.intake, pending until assigned."""
+    """docs/protocol.md §13.1: intake mail becomes case.intake, pending until assigned."""
     rcpt, ev = copy.rcpt, copy.parsed.event
     master = job.rt.master_of(rcpt.domain, rcpt.type)
     opened = slave_intake(rcpt, copy.parsed, job.context(), master=master)
@@ -120,7 +120,7 @@ def _slave_intake(job: Job, copy: _Mail) -> Delivered:
 
 
 def _slave_case_mail(job: Job, copy: _Mail) -> Delivered:
-    """CONTRACT §3.2.2: mail on an assigned case is recorded and reported as case.message."""
+    """docs/protocol.md §13.2: mail on an assigned case is recorded and reported as case.message."""
     rt, rcpt, ev = job.rt, copy.rcpt, copy.parsed.event
     case = _case(job, rcpt)
     copy.record(job, case.key)

@@ -1,4 +1,4 @@
-"""The outbox's outcomes: what a delivery attempt leaves behind (PROFILE §7).
+"""The outbox's outcomes: what a delivery attempt leaves behind (docs/protocol.md §10).
 
 The rows themselves are queued by :func:`masd.service.apply.apply` and read
 by :mod:`masd.edges.outbox` through the queries below
@@ -33,7 +33,7 @@ def outbox_done(tx: Tx, item_id: int, now: float) -> None:
 
 
 def backoff(attempts: int, rng: random.Random | None = None) -> float:
-    """PROFILE §7: "exponential backoff from 1 s to 5 min with jitter"."""
+    """docs/protocol.md §10: "exponential backoff from 1 s to 5 min with jitter"."""
     base = min(300.0, 2.0 ** max(0, attempts - 1))
     return base * (0.5 + (rng or random).random() / 2)
 
@@ -54,7 +54,7 @@ def outbox_retry(
 
 
 def outbox_failed(rt: Runtime, tx: Tx, item: OutboxItem, detail: str, now: float) -> Wakes:
-    """PROFILE §7: "4xx: not retried; recorded in the thread as a failed delivery
+    """docs/protocol.md §10: "4xx: not retried; recorded in the thread as a failed delivery
     (a refused handoff.request records failed with the detail and resumes by
     email)".  Returns what it woke (a resume mail, a status to the master)."""
     rows.failed(tx, item.id, detail[:1000], at=now)
@@ -71,7 +71,7 @@ def outbox_failed(rt: Runtime, tx: Tx, item: OutboxItem, detail: str, now: float
         if message.get("type") == "handoff.request":
             handoff = load_handoff(rt, tx, message.get("handoff_id", ""))
             if handoff is not None and case.role == "slave":
-                # CONTRACT §3.2.3-§3.2.4: no resume mail; the master is told.
+                # docs/protocol.md §13.3-§13.4: no resume mail; the master is told.
                 master = rt.master_of(case.domain, case.type)
                 effects = slave_request_failed(case, handoff, detail, master=master)
             elif handoff is not None:

@@ -92,7 +92,7 @@ class Runtime:
         return PolicyView(policy.autonomous_send, policy.transfers)
 
     def transfer(self, domain: str, type_: str, policy: PolicyView) -> Transfer | None:
-        """The webhook a policy's transfers URL points at (PROFILE §10), or None."""
+        """The webhook a policy's transfers URL points at (docs/protocol.md §18), or None."""
         if policy.transfers == "block":
             return None
         hook = webhook_for(self.type_config(domain, type_), policy.transfers)

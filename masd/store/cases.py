@@ -76,7 +76,7 @@ def create(tx: Tx, case: CaseView, now: float) -> None:
 def next_number(tx: Tx, domain: str, type_: str) -> int:
     """Take the next master-role id number for (domain, type): 1, 2, ...
 
-    PROFILE §1: "email assigns ids ``<id_prefix><n>`` ... n = 1, 2, … per
+    docs/protocol.md §2: "email assigns ids ``<id_prefix><n>`` ... n = 1, 2, … per
     domain and type, never reused."  The bump is part of the caller's job, so
     a job that rolls back gives its number back only together with the case
     that would have used it.

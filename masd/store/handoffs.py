@@ -1,4 +1,4 @@
-"""Handoffs, their statuses and their deadlines (CONTRACT §4, PROFILE §8)."""
+"""Handoffs, their statuses and their deadlines (docs/protocol.md §14, §12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Answers kept per (peer, id), so a repeated contract message gets the same one (PROFILE §6)."""
+"""Answers kept per (peer, id), so a repeated contract message gets the same one (docs/protocol.md
+§9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Recorded mails, their delivery dedupe (PROFILE §2) and slave-role intakes (CONTRACT §3.2.1)."""
+"""Recorded mails, their delivery dedupe (docs/protocol.md §3) and slave-role intakes
+(docs/protocol.md §13.1)."""
 
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def move_to_case(tx: Tx, message_ref: str, case_key: str) -> None:
 
 @dataclass(frozen=True)
 class Intake:
-    """A slave-role intake (CONTRACT §3.2.1), and who sent its mail to whom."""
+    """A slave-role intake (docs/protocol.md §13.1), and who sent its mail to whom."""
 
     view: IntakeView
     mail_from: str

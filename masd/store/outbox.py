@@ -1,7 +1,7 @@
 """The outbox: contract messages and mails waiting to go out, one queue per case and peer.
 
 Rows are written by the job that caused them and delivered by
-:mod:`masd.edges.outbox`; PROFILE §7: "Messages about one case to one peer
+:mod:`masd.edges.outbox`; docs/protocol.md §10: "Messages about one case to one peer
 are delivered in order", so only the head (lowest id) of a queue is due.
 """
 
@@ -82,7 +82,7 @@ def abandon_requests(
 # again on each look: new rows by id, rows whose backoff ran out by time, the
 # next head of a queue whose send ended, more heads of one peer from an id on
 # (masd/edges/outbox_heads.py says when each is asked).  A head is the lowest
-# pending id of its queue (PROFILE §7: in order per case and peer).
+# pending id of its queue (docs/protocol.md §10: in order per case and peer).
 
 
 def heads_after(

@@ -1,4 +1,4 @@
-"""A case's thread: the append-only log of everything that happened on it (PROFILE §11)."""
+"""A case's thread: the append-only log of everything that happened on it (docs/protocol.md §16)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A slave-role configuration for black-box tests (CONTRACT §3.2, PROFILE §9, §10).
+"""A slave-role configuration for black-box tests (docs/protocol.md §13, §18).
 
 ``write_slave_config`` writes ``masd.toml`` and its token files (mode 0600),
 in the style of :func:`support.masd_process.write_master_config`:
