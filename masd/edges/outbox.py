@@ -85,8 +85,9 @@ class Outbox:
         self._mailer: MailTransport = mail or SmtpTransport(
             server.smtp_relay,
             hostname=server.hostname,
-            keys={d: c.dkim for d, c in rt.config.domains.items() if c.dkim is not None},
+            keys={d: c.dkim_keys for d, c in rt.config.domains.items()},
             timeout=smtp_timeout,
+            clock=clock,
         )
         self._stop_grace = stop_grace
         self._wake = asyncio.Event()
