@@ -54,7 +54,7 @@ MB = 1024 * 1024
 #: unauthenticated mail (smtp-source), no acknowledgement: intake only.
 ACK_PEERS = ("masd-ack", "masd-ack-dkim", "masd-callback-ack", "masd-callback-ack-dkim")
 PEERS = (*ACK_PEERS, "masd", "masd-callback", "aiosmtpd", "smtp-sink", "dovecot", "mailman")
-SECTIONS = ("intake", "status", "outbound", "scale")
+SECTIONS = ("intake", "status", "outbound", "smtp", "scale")
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class Options:
     outbox_rows: int = 100_000
     drain_seconds: float = 20.0
     clients_count: int = 5_000
+    smtp_count: int = 5_000
     scale: tuple[int, ...] = (1_000, 100_000, 1_000_000)
     scale_count: int = 5_000
     workdir: Path = Path("/var/tmp/masd-bench/run")
@@ -90,6 +91,7 @@ class Options:
             outbox_rows=500,
             drain_seconds=5.0,
             clients_count=300,
+            smtp_count=200,
             scale=(200, 2_000),
             scale_count=200,
         )
@@ -126,6 +128,7 @@ class Report:
     status: list[dict[str, Any]] = field(default_factory=list)
     outbound: list[dict[str, Any]] = field(default_factory=list)
     clients: list[dict[str, Any]] = field(default_factory=list)
+    smtp: list[dict[str, Any]] = field(default_factory=list)  # SMTP clients and DKIM signers
     restart: dict[str, Any] = field(default_factory=dict)
     scale: list[dict[str, Any]] = field(default_factory=list)
     rss: dict[str, float] = field(default_factory=dict)
@@ -727,7 +730,53 @@ def bench_outbound(report: Report) -> None:
                 )
 
 
-# --------------------------------------------------------------------------- 4. scale
+# --------------------------------------------------------------------------- 4. SMTP clients
+
+
+def bench_smtp(report: Report) -> None:
+    """The SMTP clients masd could send with, and DKIM signing, each in a process of its own."""
+    o = report.options
+    say(f"\n== SMTP clients: {o.smtp_count:,} messages to smtp-sink, 16 sends in flight")
+    work = fresh(o.workdir / "smtp-clients")
+    relay = acks.start_relay(work)
+    runs = [("smtplib-per-mail", 4), ("smtplib-pool", 4), ("aiosmtplib-pool", 4)]
+    runs += [("masd", n) for n in (1, 2, 4, 8)]
+    with running(relay.server):
+        address = f"127.0.0.1:{relay.server.port}"
+        for kind, pool in runs:
+            argv = [kind, address, str(o.smtp_count), "16", "--pool", str(pool)]
+            row = json.loads(_tool("bench.smtp_clients", argv)[-1])
+            if row["failed"]:
+                raise BenchError(f"SMTP client {kind}: {row['failed']} messages failed")
+            report.smtp.append(row)
+            say(
+                f"  {kind:<17} {pool} sessions: {fmt(row['rate'])} msg/s,"
+                f" {fmt(row['cpu_ms'], 3)} ms client CPU/msg, p50 {fmt(row['p50_ms'], 2)} ms,"
+                f" p99 {fmt(row['p99_ms'], 2)} ms"
+            )
+    for line in _tool("bench.smtp_clients", ["--signing", str(max(50, o.smtp_count // 5))]):
+        row = json.loads(line)
+        report.smtp.append(row)
+        say(f"  {row['signer']:<24} {fmt(row['cpu_ms'], 3)} ms CPU per signed message")
+    if not o.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tool(module: str, argv: list[str]) -> list[str]:
+    out = subprocess.run(
+        [PYTHON, "-m", module, *argv],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+        cwd=ROOT,
+    )
+    if out.returncode != 0:
+        raise BenchError(f"{module} {' '.join(argv)} failed: {out.stderr[-500:]}")
+    return out.stdout.strip().splitlines()
+
+
+# --------------------------------------------------------------------------- 5. scale
 
 
 def bench_scale(report: Report) -> None:
@@ -1031,6 +1080,7 @@ def render(r: Report) -> str:
             ],
         )
         lines.append("")
+    lines += _smtp_tables(r)
     if r.status:
         lines += [
             f"### Status callbacks: `handoff.status` posts, {o.status_seconds:g} s per point",
@@ -1131,6 +1181,45 @@ def render(r: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _smtp_tables(r: Report) -> list[str]:
+    clients = [c for c in r.smtp if "client" in c]
+    signers = [c for c in r.smtp if "signer" in c]
+    lines: list[str] = []
+    if clients:
+        lines += [
+            f"### SMTP clients: {r.options.smtp_count:,} acknowledgements to smtp-sink",
+            "",
+            "16 sends in flight (the outbox sends many at once). `smtplib-per-mail`: a worker "
+            "thread and a new connection per message, as masd sent before; `smtplib-pool`: "
+            "worker threads each keeping one connection; `aiosmtplib-pool`: connections kept on "
+            "the event loop; `masd`: masd's `SmtpTransport` (aiosmtplib, kept sessions). CPU: "
+            "the client process, per message.",
+            "",
+        ]
+        lines += _table(
+            ["client", "sessions", "msg/s", "client CPU ms/msg", "p50 ms", "p99 ms"],
+            [
+                [
+                    c["client"],
+                    str(c["pool"]) if c["client"] != "smtplib-per-mail" else "1 per message",
+                    fmt(c["rate"]),
+                    fmt(c["cpu_ms"], 3),
+                    fmt(c["p50_ms"], 2),
+                    fmt(c["p99_ms"], 2),
+                ]
+                for c in clients
+            ],
+        )
+        lines.append("")
+    if signers:
+        lines += ["### DKIM signing: CPU per signed acknowledgement (about 1 KB)", ""]
+        lines += _table(
+            ["signer", "CPU ms/msg"], [[c["signer"], fmt(c["cpu_ms"], 3)] for c in signers]
+        )
+        lines.append("")
+    return lines
+
+
 def write_out(path: Path, text: str) -> None:
     old = path.read_text() if path.exists() else ""
     if BEGIN in old and END in old:
@@ -1173,6 +1262,7 @@ def parse(argv: Sequence[str]) -> Options:
     p.add_argument("--outbox-rows", type=int)
     p.add_argument("--drain-seconds", type=float)
     p.add_argument("--clients-count", type=int)
+    p.add_argument("--smtp-count", type=int, help="messages per SMTP client run")
     p.add_argument("--scale", help="cases in the store per scale point, e.g. 1000,100000,1000000")
     p.add_argument("--scale-count", type=int)
     p.add_argument("--workdir", type=Path)
@@ -1200,6 +1290,7 @@ def parse(argv: Sequence[str]) -> Options:
         "outbox_rows",
         "drain_seconds",
         "clients_count",
+        "smtp_count",
         "scale_count",
         "workdir",
         "mailman_venv",
@@ -1249,6 +1340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "intake": bench_intake,
         "status": bench_status,
         "outbound": bench_outbound,
+        "smtp": bench_smtp,
         "scale": bench_scale,
     }
     for section in SECTIONS:
@@ -1272,6 +1364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "status": report.status,
                 "outbound": report.outbound,
                 "clients": report.clients,
+                "smtp": report.smtp,
                 "restart": report.restart,
                 "scale": report.scale,
                 "rss": report.rss,

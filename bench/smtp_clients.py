@@ -1,6 +1,7 @@
 """One SMTP client kind sending ``count`` messages to a relay; prints one JSON line.
 
     python -m bench.smtp_clients KIND HOST:PORT COUNT CONCURRENCY [--pool N]
+    python -m bench.smtp_clients --signing COUNT
 
 KIND:
 
@@ -13,6 +14,9 @@ KIND:
 CONCURRENCY sends are in flight at once (as the outbox has many queues).  CPU
 is this process's (user + system) over the run, per message: the client's
 cost, which in masd shares the event loop's interpreter lock with intake.
+
+``--signing``: CPU per DKIM-signed acknowledgement (about 1 KB), dkimpy
+against masd (:mod:`masd.edges.dkim`), one JSON line per signer.
 """
 
 from __future__ import annotations
@@ -165,14 +169,68 @@ async def run(kind: str, host: str, port: int, count: int, concurrency: int, siz
     }
 
 
+def signing(count: int) -> list[dict[str, object]]:
+    """CPU ms per signed message for each signer (keys made here)."""
+    from pathlib import Path
+
+    import dkim
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+    from masd.config import Dkim
+    from masd.edges.dkim import load_signer, sign
+
+    def pem(key: rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey) -> bytes:
+        return key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    rsa_pem = pem(rsa.generate_private_key(public_exponent=65537, key_size=2048))
+    ed_pem = pem(ed25519.Ed25519PrivateKey.generate())
+    rsa_signer = load_signer(Dkim("r", Path("r"), rsa_pem), "help.example")
+    ed_signer = load_signer(Dkim("e", Path("e"), ed_pem), "help.example")
+    msg = message(1)
+    heads = [b"from", b"to", b"subject", b"message-id", b"auto-submitted"]
+    kinds = {
+        "dkimpy RSA 2048": lambda: dkim.sign(
+            msg,
+            b"r",
+            b"help.example",
+            rsa_pem,
+            canonicalize=(b"relaxed", b"relaxed"),
+            include_headers=heads,
+        ),
+        "masd RSA 2048": lambda: sign(msg, [rsa_signer], 1.7e9),
+        "masd Ed25519": lambda: sign(msg, [ed_signer], 1.7e9),
+        "masd RSA 2048 + Ed25519": lambda: sign(msg, [rsa_signer, ed_signer], 1.7e9),
+    }
+    out: list[dict[str, object]] = []
+    for name, fn in kinds.items():
+        n = max(1, count // 20) if name.startswith("dkimpy") else count
+        cpu = time.process_time()
+        for _ in range(n):
+            fn()
+        out.append({"signer": name, "cpu_ms": 1000 * (time.process_time() - cpu) / n})
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("kind", choices=("smtplib-per-mail", "smtplib-pool", "aiosmtplib-pool", "masd"))
-    p.add_argument("relay", help="HOST:PORT")
-    p.add_argument("count", type=int)
-    p.add_argument("concurrency", type=int)
+    p.add_argument("--signing", type=int, metavar="COUNT", help="measure DKIM signing instead")
+    p.add_argument(
+        "kind", nargs="?", choices=("smtplib-per-mail", "smtplib-pool", "aiosmtplib-pool", "masd")
+    )
+    p.add_argument("relay", nargs="?", help="HOST:PORT")
+    p.add_argument("count", nargs="?", type=int)
+    p.add_argument("concurrency", nargs="?", type=int)
     p.add_argument("--pool", type=int, default=4, help="connections kept (pool kinds)")
     a = p.parse_args()
+    if a.signing:
+        for row in signing(a.signing):
+            print(json.dumps(row))
+        return
     host, _, port = a.relay.rpartition(":")
     print(json.dumps(asyncio.run(run(a.kind, host, int(port), a.count, a.concurrency, a.pool))))
 
