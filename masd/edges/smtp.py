@@ -203,8 +203,16 @@ class SmtpTransport:
             options.append("BODY=8BITMIME")
         encoding = "utf-8" if utf8 else "ascii"
         try:
-            await smtp.mail(mail.mail_from, options=options, encoding=encoding)
-            await smtp.rcpt(mail.rcpt_to, encoding=encoding)
+            # The commands written here, not by smtp.mail()/rcpt(): those parse
+            # each address with email.utils again (a fifth of the client's CPU).
+            sender = b"FROM:<" + mail.mail_from.encode(encoding) + b">"
+            reply = await smtp.execute_command(b"MAIL", sender, *(o.encode() for o in options))
+            if reply.code != 250:
+                raise aiosmtplib.SMTPSenderRefused(reply.code, reply.message, mail.mail_from)
+            rcpt = b"TO:<" + mail.rcpt_to.encode(encoding) + b">"
+            reply = await smtp.execute_command(b"RCPT", rcpt)
+            if reply.code not in (250, 251):
+                raise aiosmtplib.SMTPRecipientRefused(reply.code, reply.message, mail.rcpt_to)
             stage = "DATA"
             reply = await smtp.data(message)
         except aiosmtplib.SMTPResponseException as exc:
