@@ -328,7 +328,16 @@ def machine(workdir: Path) -> dict[str, str]:
         "python": f"{platform.python_version()} ({platform.python_implementation()})",
         "sqlite": sqlite3.sqlite_version,
         "python packages": ", ".join(
-            f"{n} {pkg(n)}" for n in ("aiosmtpd", "aiohttp", "httpx", "sqlite-utils", "dkimpy")
+            f"{n} {pkg(n)}"
+            for n in (
+                "aiosmtpd",
+                "aiohttp",
+                "aiosmtplib",
+                "cryptography",
+                "httpx",
+                "sqlite-utils",
+                "dkimpy",
+            )
         ),
         "postfix (smtp-source, smtp-sink)": _dpkg_version("postfix"),
         "dovecot-lmtpd": _dpkg_version("dovecot-lmtpd"),

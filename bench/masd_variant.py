@@ -14,6 +14,9 @@ CHANGES is a comma list (``bench.run --masd-variant`` passes it on):
   masd writes per delivery and per status cost);
 - ``temp-store=FILE``: every store connection gets ``PRAGMA temp_store`` of
   that value (masd sets MEMORY);
+- ``checkpoint-seconds=S``: the store's checkpointer runs every S seconds
+  (masd's default is in ``masd.store.db.CHECKPOINT_SECONDS``): smaller
+  checkpoints, each with a shorter sync of the database file;
 - ``sqlite-cache=MB``: every store connection gets ``PRAGMA cache_size`` of MB
   mebibytes and ``PRAGMA mmap_size`` of four times that (SQLite's default
   cache is 2 MB, so a large store is read back through ``pread`` calls).
@@ -71,6 +74,18 @@ def _temp_store(value: str) -> None:
     db._connect = other
 
 
+def _checkpoint_seconds(seconds: float) -> None:
+    from masd.store import db
+
+    init = db.Store.__init__
+
+    def every(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["checkpoint_seconds"] = seconds
+        init(self, *args, **kwargs)
+
+    db.Store.__init__ = every  # type: ignore[method-assign]
+
+
 def apply(changes: str) -> None:
     for change in filter(None, (c.strip() for c in changes.split(","))):
         name, _, value = change.partition("=")
@@ -82,6 +97,8 @@ def apply(changes: str) -> None:
             _EXTRA_ARGS.extend(["--log-level", value])
         elif name == "temp-store":
             _temp_store(value)
+        elif name == "checkpoint-seconds":
+            _checkpoint_seconds(float(value))
         elif name == "sqlite-cache":
             _sqlite_cache(int(value))
         else:

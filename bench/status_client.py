@@ -70,6 +70,7 @@ async def run(
         "rate": len(latencies) / took,
         "p50_ms": 1000 * percentile(latencies, 50),
         "p99_ms": 1000 * percentile(latencies, 99),
+        "p999_ms": 1000 * percentile(latencies, 99.9),
         "max_ms": 1000 * max(latencies, default=float("nan")),
         "failed": failed,
     }
