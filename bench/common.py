@@ -288,15 +288,29 @@ def commit_floor(workdir: Path, n: int = 300) -> tuple[float, float]:
 
 
 def masd_revision() -> str:
-    """The commit masd's code is at, and whether the work tree differs from it."""
+    """masd's version and when its code was committed, and whether the work tree differs.
+
+    The report names no commit: the date identifies the code in the history.
+    """
+    from masd import __version__
+
     git = shutil.which("git")
     if git is None or not (ROOT / ".git").exists():
-        return "-"
+        return f"masd {__version__}"
     head = subprocess.run(
-        [git, "-C", str(ROOT), "log", "-1", "--format=%h %s"],
+        [
+            git,
+            "-C",
+            str(ROOT),
+            "log",
+            "-1",
+            "--date=format-local:%Y-%m-%d %H:%M:%S UTC",
+            "--format=committed %cd",
+        ],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "TZ": "UTC"},
     ).stdout.strip()
     dirty = subprocess.run(
         [git, "-C", str(ROOT), "status", "--porcelain", "--", "masd"],
@@ -304,7 +318,8 @@ def masd_revision() -> str:
         text=True,
         check=False,
     ).stdout.strip()
-    return f"{head}{' (+ uncommitted changes in masd/)' if dirty else ''}" or "-"
+    changes = " (+ uncommitted changes in masd/)" if dirty else ""
+    return f"masd {__version__}, {head}{changes}"
 
 
 def machine(workdir: Path) -> dict[str, str]:
@@ -328,7 +343,16 @@ def machine(workdir: Path) -> dict[str, str]:
         "python": f"{platform.python_version()} ({platform.python_implementation()})",
         "sqlite": sqlite3.sqlite_version,
         "python packages": ", ".join(
-            f"{n} {pkg(n)}" for n in ("aiosmtpd", "aiohttp", "httpx", "sqlite-utils", "dkimpy")
+            f"{n} {pkg(n)}"
+            for n in (
+                "aiosmtpd",
+                "aiohttp",
+                "aiosmtplib",
+                "cryptography",
+                "httpx",
+                "sqlite-utils",
+                "dkimpy",
+            )
         ),
         "postfix (smtp-source, smtp-sink)": _dpkg_version("postfix"),
         "dovecot-lmtpd": _dpkg_version("dovecot-lmtpd"),

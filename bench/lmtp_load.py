@@ -82,6 +82,7 @@ class LatencyResult:
     accepted: int = 0
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)  # seconds, accepted messages only
+    accepted_at: dict[str, float] = field(default_factory=dict)  # Message-Id -> epoch of its 250
     replies: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -89,12 +90,31 @@ class LatencyResult:
         return self.accepted / self.seconds if self.seconds else 0.0
 
 
-def message(rcpt: str, n: int, size: int, tag: str) -> bytes:
-    """smtp-source's message shape, dot-stuffed and terminated for DATA."""
+#: The authserv-id masd trusts in the benchmark's configuration (bench/masd_setup.py).
+AUTHSERV_ID = "mx.help.example"
+
+
+def message_id(n: int, tag: str) -> str:
+    return f"<{tag}.{n}@client.bench.example>"
+
+
+def message(rcpt: str, n: int, size: int, tag: str, *, authenticated: bool = False) -> bytes:
+    """smtp-source's message shape, dot-stuffed and terminated for DATA.
+
+    ``authenticated``: as an MX that checked DMARC hands it on, from a sender
+    of its own (``bench.<tag>.<n>@example.org``, so no sender reaches a send cap):
+    a trusted ``Authentication-Results`` with ``dmarc=pass`` on top.
+    """
+    sender = f"bench.{tag}.{n}@example.org" if authenticated else SENDER
+    results = (
+        f"Authentication-Results: {AUTHSERV_ID}; dmarc=pass header.from=example.org\r\n"
+        if authenticated
+        else ""
+    )
     head = (
-        f"From: <{SENDER}>\r\nTo: <{rcpt}>\r\n"
+        f"{results}From: <{sender}>\r\nTo: <{rcpt}>\r\n"
         f"Date: {email.utils.formatdate(usegmt=True)}\r\n"
-        f"Message-Id: <{tag}.{n}@client.bench.example>\r\nSubject: benchmark\r\n\r\n"
+        f"Message-Id: {message_id(n, tag)}\r\nSubject: benchmark\r\n\r\n"
     )
     lines, left = [], size
     for i in itertools.count(1):
@@ -135,6 +155,7 @@ async def latency_run(
     *,
     size: int = 2048,
     tag: str = "lat",
+    authenticated: bool = False,
 ) -> LatencyResult:
     """``count`` messages over ``sessions`` connections; latency of each transaction."""
     result = LatencyResult(sessions)
@@ -149,7 +170,7 @@ async def latency_run(
             await s.command(b"LHLO client.bench.example\r\n")
             for n in numbers:
                 to = rcpt(n)
-                data = message(to, n, size, tag)
+                data = message(to, n, size, tag, authenticated=authenticated)
                 began = time.perf_counter()
                 result.sent += 1
                 code = (await s.command(f"MAIL FROM:<{SENDER}>\r\n".encode()))[:3]
@@ -165,6 +186,7 @@ async def latency_run(
                 if code == "250":
                     result.accepted += 1
                     result.latencies.append(time.perf_counter() - began)
+                    result.accepted_at[message_id(n, tag)] = time.time()
             await s.command(b"QUIT\r\n")
         finally:
             writer.close()

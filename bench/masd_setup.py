@@ -6,12 +6,17 @@ no Authentication-Results, so its mail is unauthenticated: the
 acknowledgement is refused under Principle 10 (recorded as ``mail.refused``,
 no SMTP), and ``require_dmarc_for_handoff = false`` lets its ``!callback``
 mail open a handoff and queue ``handoff.request`` as authenticated mail would.
+Authenticated mail (:func:`bench.lmtp_load.message`) gets its
+acknowledgement mailed through ``server.smtp_relay``: with ``relay_port``
+that is :mod:`bench.mail_sink`; with ``dkim`` it is signed with a 2048-bit
+RSA key made here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -28,6 +33,7 @@ DOMAIN = "help.example"
 AUTHSERV_ID = "mx.help.example"
 MODE_PEER = f"mode:{DOMAIN}/ticket/callback"
 READY_TIMEOUT = 300.0
+_MESSAGE_ID = re.compile(r"^Message-ID:[ \t]*(\S+)", re.MULTILINE | re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -56,9 +62,28 @@ def _secret(path: Path, value: str) -> None:
         handle.write(value + "\n")
 
 
-def write_config(directory: Path, *, sink_port: int) -> MasdSetup:
+def _dkim_key(path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    _secret(path, pem.decode("ascii").strip())
+
+
+def write_config(
+    directory: Path, *, sink_port: int, relay_port: int | None = None, dkim: bool = False
+) -> MasdSetup:
     """``directory/masd.toml`` and its secrets; the store is ``directory/masd.db``."""
     directory.mkdir(parents=True, exist_ok=True)
+    dkim_line = ""
+    if dkim:
+        _dkim_key(directory / "secrets" / "dkim.key")
+        dkim_line = 'dkim = { selector = "bench", key_file = "secrets/dkim.key" }\n'
     token = "callback-" + secrets.token_hex(16)
     _secret(directory / "secrets" / "callback.token", token)
     _secret(directory / "secrets" / "admin.token", "admin-" + secrets.token_hex(16))
@@ -72,11 +97,13 @@ def write_config(directory: Path, *, sink_port: int) -> MasdSetup:
 lmtp = "127.0.0.1:{lmtp_port}"
 http = "127.0.0.1:{http_port}"
 database = "masd.db"
-smtp_relay = "127.0.0.1:{free_port()}"
+smtp_relay = "127.0.0.1:{relay_port or free_port()}"
 trusted_authserv_ids = ["{AUTHSERV_ID}"]
 admin_token_file = "secrets/admin.token"
 hostname = "masd.bench.example"
 
+[domains."{DOMAIN}"]
+{dkim_line}
 [domains."{DOMAIN}".types.ticket]
 role = "master"
 modes = ["callback"]
@@ -165,7 +192,32 @@ def counts(database: Path) -> dict[str, int]:
             "(SELECT COUNT(*) FROM handoffs), "
             "(SELECT COUNT(*) FROM outbox WHERE kind = 'contract'), "
             "(SELECT COUNT(*) FROM outbox WHERE kind = 'contract' AND state = 'done'), "
-            "(SELECT COUNT(*) FROM statuses WHERE source = 'mode')"
+            "(SELECT COUNT(*) FROM statuses WHERE source = 'mode'), "
+            "(SELECT COUNT(*) FROM outbox WHERE kind = 'mail'), "
+            "(SELECT COUNT(*) FROM outbox WHERE kind = 'mail' AND state = 'done')"
         ).fetchone()
-    names = ("messages", "cases", "handoffs", "contract", "contract_done", "mode_statuses")
+    names = (
+        "messages",
+        "cases",
+        "handoffs",
+        "contract",
+        "contract_done",
+        "mode_statuses",
+        "mail",
+        "mail_done",
+    )
     return dict(zip(names, (int(x) for x in one), strict=True))
+
+
+def mail_sent(database: Path) -> list[str]:
+    """The Message-ID of every mail the outbox marked sent (done), one per row."""
+    with reading(database) as db:
+        rows = db.execute(
+            "SELECT json_extract(payload, '$.message') FROM outbox"
+            " WHERE kind = 'mail' AND state = 'done'"
+        ).fetchall()
+    out = []
+    for (message,) in rows:
+        found = _MESSAGE_ID.search(message or "")
+        out.append(found.group(1) if found else "-")
+    return out

@@ -14,6 +14,13 @@ CHANGES is a comma list (``bench.run --masd-variant`` passes it on):
   masd writes per delivery and per status cost);
 - ``temp-store=FILE``: every store connection gets ``PRAGMA temp_store`` of
   that value (masd sets MEMORY);
+- ``checkpoint-seconds=S``: the store's checkpointer runs every S seconds
+  (masd's default is in ``masd.store.db.CHECKPOINT_SECONDS``): smaller
+  checkpoints, each with a shorter sync of the database file;
+- ``wal-limit-mb=MB``: the WAL size past which the writer runs a ``RESTART``
+  checkpoint between two batches (masd's is ``masd.store.db.WAL_LIMIT_BYTES``);
+- ``smtp-connections=N``: the SMTP sessions masd keeps with its relay
+  (``masd.edges.smtp.DEFAULT_CONNECTIONS``);
 - ``sqlite-cache=MB``: every store connection gets ``PRAGMA cache_size`` of MB
   mebibytes and ``PRAGMA mmap_size`` of four times that (SQLite's default
   cache is 2 MB, so a large store is read back through ``pread`` calls).
@@ -71,6 +78,31 @@ def _temp_store(value: str) -> None:
     db._connect = other
 
 
+def _store_setting(name: str, value: float) -> None:
+    """Every Store masd opens gets ``name=value`` (an argument of ``Store.__init__``)."""
+    from masd.store import db
+
+    init = db.Store.__init__
+
+    def other(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs[name] = value
+        init(self, *args, **kwargs)
+
+    db.Store.__init__ = other  # type: ignore[method-assign]
+
+
+def _smtp_connections(n: int) -> None:
+    from masd.edges import smtp
+
+    init = smtp.SmtpTransport.__init__
+
+    def more(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["connections"] = n
+        init(self, *args, **kwargs)
+
+    smtp.SmtpTransport.__init__ = more  # type: ignore[method-assign]
+
+
 def apply(changes: str) -> None:
     for change in filter(None, (c.strip() for c in changes.split(","))):
         name, _, value = change.partition("=")
@@ -82,6 +114,12 @@ def apply(changes: str) -> None:
             _EXTRA_ARGS.extend(["--log-level", value])
         elif name == "temp-store":
             _temp_store(value)
+        elif name == "checkpoint-seconds":
+            _store_setting("checkpoint_seconds", float(value))
+        elif name == "smtp-connections":
+            _smtp_connections(int(value))
+        elif name == "wal-limit-mb":
+            _store_setting("wal_limit_bytes", int(float(value) * 1024 * 1024))
         elif name == "sqlite-cache":
             _sqlite_cache(int(value))
         else:

@@ -46,8 +46,10 @@ def workdir() -> Iterator[Path]:
 def test_smoke_run_measures_every_part_and_loses_nothing(workdir: Path) -> None:
     for program in ("smtp-source", "smtp-sink", "wrk", "dovecot"):
         require_program(program)
-    servers = ["masd", "masd!callback", "aiosmtpd-discard", "smtp-sink"]
-    peers = "masd,masd-callback,aiosmtpd,smtp-sink"
+    production = ["masd+ack", "masd+ack+dkim", "masd!callback+ack", "masd!callback+ack+dkim"]
+    servers = [*production, "masd", "masd!callback", "aiosmtpd-discard", "smtp-sink"]
+    peers = "masd-ack,masd-ack-dkim,masd-callback-ack,masd-callback-ack-dkim"
+    peers += ",masd,masd-callback,aiosmtpd,smtp-sink"
     if os.geteuid() == 0:  # Dovecot's master must start as root
         servers.append("dovecot-lmtp")
         peers += ",dovecot"
@@ -70,7 +72,12 @@ def test_smoke_run_measures_every_part_and_loses_nothing(workdir: Path) -> None:
     assert set(intake) == {(s, n) for s in servers for n in SESSIONS}
     for (server, _), row in intake.items():
         assert row["rate"] > 0
-        if server.startswith("masd") or server == "dovecot-lmtp":
+        if server in production:
+            # Every message stored and acknowledged once, every mail marked sent at the sink.
+            assert row["stored"] == f"{COUNT} of {COUNT}, each acknowledged once", row
+            assert row["ack_rate"] > 0
+            assert row["ack_p50_ms"] <= row["ack_p99_ms"]
+        elif server.startswith("masd") or server == "dovecot-lmtp":
             total = COUNT + LATENCY_COUNT
             assert row["stored"] == f"{total} of {total}", row
 
@@ -102,6 +109,13 @@ def test_smoke_run_measures_every_part_and_loses_nothing(workdir: Path) -> None:
     assert text.startswith("# kept above\n")
     assert text.endswith("kept below\n")
     assert "\nold\n" not in text
-    for heading in ("LMTP intake", "Status callbacks", "Restart with", "Scale", "Targets"):
+    for heading in (
+        "The production path",
+        "LMTP intake only",
+        "Status callbacks",
+        "Restart with",
+        "Scale",
+        "Targets",
+    ):
         assert f"### {heading}" in text
     assert "python -m bench.run --smoke" in text

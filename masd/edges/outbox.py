@@ -81,8 +81,9 @@ class Outbox:
         self._mailer: MailTransport = mail or SmtpTransport(
             server.smtp_relay,
             hostname=server.hostname,
-            keys={d: c.dkim for d, c in rt.config.domains.items() if c.dkim is not None},
+            keys={d: c.dkim_keys for d, c in rt.config.domains.items()},
             timeout=smtp_timeout,
+            clock=ctx.clock,
         )
         self._http = http or ContractClient(timeout=http_timeout)
         self._lanes = Lanes(lambda key: relay_in_flight if key == RELAY else peer_in_flight)

@@ -251,10 +251,10 @@ class SmtpSink(_Loopback):
     """An SMTP server on loopback (aiosmtpd) that records every accepted message.
 
     ``refuse(reply, count)`` answers the next ``count`` messages with
-    ``reply`` (a 4xx or 5xx line) at DATA or RCPT; ``set_down(True)`` stops
-    listening so connections are refused, ``set_down(False)`` listens again
-    on the same port.  ``on_mail`` (if given) sees each accepted message
-    before the sink answers 250.
+    ``reply`` (a 4xx or 5xx line) at DATA or RCPT; ``set_down(True)`` drops
+    the open sessions and stops listening so connections are refused,
+    ``set_down(False)`` listens again on the same port.  ``on_mail`` (if
+    given) sees each accepted message before the sink answers 250.
     """
 
     def __init__(
@@ -313,9 +313,9 @@ class SmtpSink(_Loopback):
         return self
 
     async def set_down(self, down: bool) -> None:
-        """Stop listening (connections are refused) or listen again on the same port."""
+        """Go down as a relay does (open sessions dropped, connections refused), or listen again."""
         if down:
-            await self._stop_listening()
+            await self.close()
         elif self._server is None:
             await self._listen(self._port)
 
