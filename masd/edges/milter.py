@@ -50,7 +50,7 @@ from masd.config import Listen
 from masd.edges.context import EdgeContext
 from masd.edges.lmtp import Replies, check_recipient
 from masd.edges.lmtp import ReplyCode as LmtpReply
-from masd.edges.sockets import ListenError, serve
+from masd.edges.sockets import ListenError, StreamListener, serve
 from masd.metrics import Metrics
 from masd.service import Runtime
 from masd.store import Store
@@ -181,56 +181,34 @@ class MilterSession:
         log.warning("milter client sent a message over %d octets; closing", BUFFER_BYTES)
 
 
-class MilterServer:
+class MilterServer(StreamListener):
     """The running listener; :meth:`close` also ends open MTA connections."""
 
+    close_timeout = CLOSE_TIMEOUT
+
     def __init__(self, ctx: EdgeContext) -> None:
+        super().__init__()
         self.rt = ctx.rt
         self.store = ctx.store
         self.metrics = ctx.metrics
-        self.server: asyncio.AbstractServer | None = None
-        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections[task] = writer
         session = MilterSession(
             self.rt, self.store, self.metrics, self.rt.config.server.max_message_bytes
         )
-        try:
-            await session.serve(reader, writer)
-        except (ConnectionError, TimeoutError):
-            pass
-        except (UnknownMessage, UnexpectedMessage, InvalidMessage, ValueError) as exc:
-            log.warning("milter protocol error, closing the connection: %r", exc)
-        except Exception:
-            log.exception("milter connection fault")
-        finally:
-            self._connections.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    @property
-    def addresses(self) -> list[object]:
-        sockets = getattr(self.server, "sockets", None) or ()
-        return [s.getsockname() for s in sockets]
-
-    async def close(self) -> None:
-        """Stop accepting; close every connection; wait (bounded) for them to end."""
-        if self.server is not None:
-            self.server.close()
-        tasks = list(self._connections)
-        for writer in self._connections.values():
-            writer.close()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        if self.server is not None:
-            await self.server.wait_closed()
+        with self.connection(writer):
+            try:
+                await session.serve(reader, writer)
+            except (ConnectionError, TimeoutError):
+                pass
+            except (UnknownMessage, UnexpectedMessage, InvalidMessage, ValueError) as exc:
+                log.warning("milter protocol error, closing the connection: %r", exc)
+            except Exception:
+                log.exception("milter connection fault")
+            finally:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
 
 
 async def start_milter(

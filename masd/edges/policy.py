@@ -37,7 +37,7 @@ from masd.core.errors import MasdError
 from masd.edges.context import EdgeContext
 from masd.edges.lmtp import check_recipient
 from masd.edges.lmtp_replies import Replies, ReplyCode
-from masd.edges.sockets import ListenError, serve
+from masd.edges.sockets import ListenError, StreamListener, serve
 
 log = logging.getLogger("masd.policy")
 
@@ -226,44 +226,18 @@ async def _reply(writer: asyncio.StreamWriter, action: str) -> None:
     await writer.drain()
 
 
-class PolicyServer:
+class PolicyServer(StreamListener):
     """The running listener; :meth:`close` also ends open client connections."""
 
+    close_timeout = CLOSE_TIMEOUT
+
     def __init__(self, handler: PolicyHandler) -> None:
+        super().__init__()
         self.handler = handler
-        self.server: asyncio.AbstractServer | None = None
-        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections[task] = writer
-        try:
+        with self.connection(writer):
             await self.handler.serve(reader, writer)
-        finally:
-            self._connections.pop(task, None)
-
-    @property
-    def addresses(self) -> list[object]:
-        sockets = getattr(self.server, "sockets", None) or ()
-        return [s.getsockname() for s in sockets]
-
-    async def close(self) -> None:
-        """Stop accepting; close every connection; wait (bounded) for them to end."""
-        if self.server is not None:
-            self.server.close()
-        tasks = list(self._connections)
-        for writer in self._connections.values():
-            # An idle connection sees EOF and ends at once; Postfix reconnects
-            # (or applies smtpd_policy_service_default_action) on its next request.
-            writer.close()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        if self.server is not None:
-            await self.server.wait_closed()
 
 
 async def start_policy(

@@ -31,7 +31,7 @@ import contextlib
 import os
 import socket
 import stat
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Final
 
@@ -263,3 +263,50 @@ async def serve(
     except BaseException:
         bound.close()
         raise
+
+
+class StreamListener:
+    """A running stream listener that knows its open connections, so that
+    :meth:`close` can end them (the policy and milter listeners)."""
+
+    #: How long :meth:`close` waits for connections to end before cancelling them.
+    close_timeout: float = 5.0
+
+    def __init__(self) -> None:
+        self.server: asyncio.AbstractServer | None = None
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+
+    @contextlib.contextmanager
+    def connection(self, writer: asyncio.StreamWriter) -> Iterator[None]:
+        """Count the running task as an open connection while the block runs."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections[task] = writer
+        try:
+            yield
+        finally:
+            self._connections.pop(task, None)
+
+    @property
+    def addresses(self) -> list[object]:
+        sockets = getattr(self.server, "sockets", None) or ()
+        return [s.getsockname() for s in sockets]
+
+    async def close(self) -> None:
+        """Stop accepting; close every connection; wait (bounded) for them to end.
+
+        An idle connection sees EOF and ends at once; the MTA reconnects (or
+        applies its default action) on its next request.
+        """
+        if self.server is not None:
+            self.server.close()
+        tasks = list(self._connections)
+        for writer in self._connections.values():
+            writer.close()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.close_timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self.server is not None:
+            await self.server.wait_closed()
