@@ -9,22 +9,7 @@
 #                    (the binary only: no system service)
 #   miltertest       OpenDKIM's milter test client, scripted in Lua
 #   openssl          makes the tests' DKIM keys, as dknewkey does
-# Services are kept from starting at install time (policy-rc.d): the tests run
+# .ci/install-packages keeps services from starting at install time: the tests run
 # private instances on loopback.
 set -euo pipefail
-packages=(postfix opendkim opendmarc publicsuffix dnsmasq-base miltertest openssl)
-missing=()
-for package in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
-        || missing+=("$package")
-done
-[ "${#missing[@]}" -eq 0 ] && exit 0
-policy=/usr/sbin/policy-rc.d
-if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' > "$policy"
-    chmod 755 "$policy"
-    trap 'rm -f "$policy"' EXIT
-fi
-echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+"$(dirname "$0")/../install-packages" postfix opendkim opendmarc publicsuffix dnsmasq-base miltertest openssl

@@ -5,13 +5,4 @@
 #   adduser          the package's postinst creates the user masd
 #   pipx             `pipx install .` (tests/test_packaging.py)
 set -euo pipefail
-packages=(systemd python3.11-venv adduser pipx)
-missing=()
-for package in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \
-        || missing+=("$package")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+"$(dirname "$0")/../install-packages" systemd python3.11-venv adduser pipx
