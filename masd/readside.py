@@ -33,7 +33,7 @@ from typing import Any, Final
 from masd.core.address import case_ref
 from masd.core.errors import AddressError
 from masd.store import Tx, cases, reads
-from masd.store.feed import CaseRow, Delivery, EntryRow, case_entries, keys_with_id
+from masd.store.feed import Delivery, EntryRow, ListedCase, case_entries, keys_with_id
 from masd.store.feed import cases as case_rows
 
 #: ``limit`` of a thread page: default and largest (docs/protocol.md §16 read side).
@@ -218,7 +218,7 @@ def parse_case_cursor(text: str) -> int | None:
     return int(digits) if ok and len(digits) <= 19 else None
 
 
-def _case_item(r: CaseRow) -> dict[str, Any]:
+def _case_item(r: ListedCase) -> dict[str, Any]:
     handoff = r.open_handoff
     return {
         "address": r.address,

@@ -117,7 +117,7 @@ def last_pos(tx: Tx) -> int:
 
 
 @dataclass(frozen=True)
-class CaseRow:
+class ListedCase:
     """A case as the case list shows it, with its latest entry and its open handoff."""
 
     key: str
@@ -140,7 +140,7 @@ def cases(
     open_handoff: bool | None = None,
     participant: str | None = None,
     domain: str | None = None,
-) -> list[CaseRow]:
+) -> list[ListedCase]:
     """Cases by latest activity, newest first: those whose latest entry has a
     ``pos`` below ``before`` (all when None), at most ``limit``.
 
@@ -170,7 +170,7 @@ def cases(
         ),
     )
     return [
-        CaseRow(
+        ListedCase(
             key=str(r[0]),
             address=str(r[1]),
             domain=str(r[2]),
