@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.http import open_case_through
 from support.masd_process import free_port
 from support.system import require_program
 
@@ -139,16 +140,7 @@ class Rig:
             await mta.close()
 
     async def open_case(self) -> str:
-        raw = (
-            b"From: ann@example.org\r\nTo: ticket@help.example\r\nSubject: hi\r\n"
-            b"Message-ID: <" + secrets.token_hex(8).encode() + b"@example.org>\r\n\r\nHello.\r\n"
-        )
-        replies = await self.lmtp.record(raw, "ann@example.org", ["ticket@help.example"])
-        assert replies.startswith("250 "), replies
-        cases = await self.store.read(
-            lambda db: [r[0] for r in db.execute("SELECT address FROM cases ORDER BY rowid")]
-        )
-        return str(cases[-1])
+        return await open_case_through(self.lmtp, self.store)
 
 
 @contextlib.asynccontextmanager

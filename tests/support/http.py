@@ -20,6 +20,7 @@ from masd.core.event import build_event
 from masd.core.trust import TrustSettings
 from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
+from masd.edges.lmtp import LmtpHandler
 from masd.metrics import Metrics
 from masd.readside import rfc3339
 from masd.store import Store
@@ -111,6 +112,20 @@ async def deliver(
     address = parse_address(rcpt, domains=list(config.domains))
     sha = hashlib.sha256(raw).hexdigest()
     return await store.write(lambda db: service.deliver(rt, db, address, mail, raw, sha, now))
+
+
+async def open_case_through(lmtp: LmtpHandler, store: Store) -> str:
+    """A new case through the LMTP edge's recording; its canonical address."""
+    raw = (
+        b"From: ann@example.org\r\nTo: ticket@help.example\r\nSubject: hi\r\n"
+        b"Message-ID: <" + secrets.token_hex(8).encode() + b"@example.org>\r\n\r\nHello.\r\n"
+    )
+    replies = await lmtp.record(raw, "ann@example.org", ["ticket@help.example"])
+    assert replies.startswith("250 "), replies
+    cases = await store.read(
+        lambda db: [r[0] for r in db.execute("SELECT address FROM cases ORDER BY rowid")]
+    )
+    return str(cases[-1])
 
 
 async def handoff_of(store: Store, case_key: str) -> str:
