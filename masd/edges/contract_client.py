@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import http.cookiejar
 from typing import Any, Final
 
 import aiohttp
@@ -61,13 +60,12 @@ class ContractClient:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(
+            self._client = _Client(
                 transport=self._transport
                 or AiohttpTransport(client=self._session, trust_env=False),
                 timeout=httpx.Timeout(self._timeout),
                 follow_redirects=False,
                 trust_env=False,  # no proxy between masd and its peers
-                cookies=_NoCookies(),
             )
         return self._client
 
@@ -81,13 +79,13 @@ class ContractClient:
 
     async def post(self, url: str, body: bytes, token: str) -> Attempt:
         """Send one message; what became of it (never raises for the peer or the network)."""
-        headers = [*_HEADERS, ("Authorization", f"Bearer {token}")]
         try:
             # Built here, not by client.stream(): no client headers or cookies merged in.
-            request = httpx.Request("POST", _target(url), content=body, headers=headers)
+            request = httpx.Request("POST", _target(url), content=body, headers=_headers(token))
             async with asyncio.timeout(self._timeout):
                 r = await self._http().send(request, stream=True)
                 try:
+                    # Read for a 2xx too: an answer cut short is no answer.
                     status, head = r.status_code, await _head_of(r)
                 finally:
                     await r.aclose()
@@ -116,11 +114,35 @@ class ContractClient:
             self._client = None
 
 
-class _NoCookies(http.cookiejar.CookieJar):
-    """A peer's cookies are never kept (nor sent back)."""
+class _NoCookies(httpx.Cookies):
+    """A peer's cookies are never read, kept or sent back."""
 
-    def extract_cookies(self, response: Any, request: Any) -> None:
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None  # not even parsed: httpx's cookie jar adapter costs a tenth of a post
+
+    def set_cookie_header(self, request: httpx.Request) -> None:
         return None
+
+
+class _Client(httpx.AsyncClient):
+    """httpx's client with :class:`_NoCookies` (its ``cookies=`` argument copies any jar)."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return _NO_COOKIES
+
+    @cookies.setter
+    def cookies(self, cookies: Any) -> None:
+        raise TypeError("masd's contract client keeps no cookies")
+
+
+_NO_COOKIES: Final = _NoCookies()
+
+
+@functools.lru_cache(maxsize=256)
+def _headers(token: str) -> httpx.Headers:
+    """A request's headers, built once per peer (httpx copies them into each request)."""
+    return httpx.Headers([*_HEADERS, ("Authorization", f"Bearer {token}")])
 
 
 @functools.lru_cache(maxsize=1024)

@@ -10,13 +10,15 @@ holds up another peer's messages or the mail.
 
 Contract messages go through :class:`~masd.edges.contract_client.ContractClient`
 (httpx), mail through a :class:`~masd.edges.mailer.MailTransport`.  Every
-outcome is written back in its own store job: done; failed for good (the
-thread says why); or retried by :func:`masd.service.outbox_retry` with the
-same ``id`` until ``server.retry_for``.
+outcome is written back before its queue moves on: done (the rows sent while
+one such job ran are marked in the next, :class:`~masd.edges.batch.Batch`);
+failed for good (the thread says why); or retried by
+:func:`masd.service.outbox_retry` with the same ``id`` until ``server.retry_for``.
 
 At least once, never a storm: an outcome the store refuses to record is
-kept and recorded again after a backoff (1 s to 5 min), and its queue and
-lane slot stay taken meanwhile, so the message is not sent again.  Only a
+kept and recorded again after a backoff (1 s to 5 min), and its queue stays
+taken meanwhile, so the message is not sent again (its lane slot is free
+once the answer is in: the peer is no longer busy with it).  Only a
 stop (or a crash) drops a kept outcome; the row is then still pending and
 goes out once more after the restart.  A send cut short by :meth:`Outbox.stop`
 likewise leaves its row pending.
@@ -35,6 +37,7 @@ from typing import Any, Final
 
 from masd import service
 from masd.edges import outbox_heads
+from masd.edges.batch import Batch
 from masd.edges.context import EdgeContext
 from masd.edges.contract_client import HTTP_TIMEOUT, ContractClient
 from masd.edges.lanes import RELAY, Attempt, Lanes, origin
@@ -95,6 +98,7 @@ class Outbox:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._in_flight: dict[str, asyncio.Task[None]] = {}  # queue -> its send
+        self._done: Batch[int] = Batch(self._write_done)  # rows sent, one job for many
         metrics.inc(WAKES_METRIC, 0.0)  # on /metrics from the start
 
     def start(self) -> None:
@@ -123,6 +127,7 @@ class Outbox:
             for task in late:
                 task.cancel()  # its row stays pending: sent again after a restart
             await asyncio.gather(*late, return_exceptions=True)
+        await self._done.close()
         await self._http.close()
         await self._mailer.close()
 
@@ -179,13 +184,17 @@ class Outbox:
         judged = False
         try:
             outcome = await self._send(item)
+            # The peer is done with it: its lane slot is free while the queue
+            # stays taken until the outcome is recorded.
             self._judge(lane, outcome, probe)
             judged = True
+            self._lanes.release(lane)
+            self._wake.set()
             await self._keep(item, outcome)
         finally:
             if not judged:  # cancelled at stop: no verdict on the peer
                 self._lanes.judge(lane, None, self._clock.now(), probe=probe)
-            self._lanes.release(lane)
+                self._lanes.release(lane)
             self._in_flight.pop(item.queue, None)
             self._heads.ended.add(item.queue)  # its next head, or this row again later
             self._wake.set()
@@ -282,7 +291,7 @@ class Outbox:
         result: str = outcome.result
         wakes = service.NO_WAKES
         if result == "done":
-            await self._store.write(lambda db: service.outbox_done(db, item.id, now))
+            await self._done.add(item.id)
         elif result == "failed":
             wakes = await self._store.write(
                 lambda db: service.outbox_failed(rt, db, item, outcome.detail, now)
@@ -301,6 +310,10 @@ class Outbox:
         # Rows this job queued are this loop's to find (an attempt ending
         # wakes it); a deadline it wrote is the timer's.
         self._on_commit.committed(wakes)
+
+    async def _write_done(self, item_ids: list[int]) -> None:
+        now = self._clock.now()
+        await self._store.write(lambda db: service.outbox_done_many(db, item_ids, now))
 
 
 async def _pause(event: asyncio.Event, seconds: float) -> None:

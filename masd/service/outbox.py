@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from masd.core.engine import Effect, request_failed
@@ -30,6 +31,11 @@ next_outbox_at = rows.next_due_at
 
 def outbox_done(tx: Tx, item_id: int, now: float) -> None:
     rows.done(tx, item_id, at=now)
+
+
+def outbox_done_many(tx: Tx, item_ids: Sequence[int], now: float) -> None:
+    """Several rows delivered: one job for the sends that ended together."""
+    rows.done_many(tx, item_ids, at=now)
 
 
 def backoff(attempts: int, rng: random.Random | None = None) -> float:

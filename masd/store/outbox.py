@@ -8,11 +8,11 @@ are delivered in order", so only the head (lowest id) of a queue is due.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from masd.store.sql import Tx, dumps, run, tuples, value
+from masd.store.sql import Tx, db, dumps, run, tuples, value
 
 
 @dataclass(frozen=True)
@@ -176,14 +176,20 @@ def next_due_at(tx: Tx, now: float) -> float | None:
     return None if at is None else float(at)
 
 
+_DONE = (
+    "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "
+    "done_at = ? WHERE id = ?"
+)
+
+
 def done(tx: Tx, item_id: int, at: float | None = None) -> None:
     """Delivered (``at``: when, the read side's ``done_at``)."""
-    run(
-        tx,
-        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "
-        "done_at = ? WHERE id = ?",
-        (at, item_id),
-    )
+    run(tx, _DONE, (at, item_id))
+
+
+def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
+    """Several delivered at once: :func:`done` for each of ``item_ids``."""
+    db(tx).conn.executemany(_DONE, [(at, item_id) for item_id in item_ids])
 
 
 def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:
