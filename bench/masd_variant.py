@@ -37,15 +37,15 @@ from typing import Any
 
 
 def _quiet_mail_log() -> None:
-    import masd.app
+    import masd.logs
 
-    configure = masd.app.configure_logging
+    configure = masd.logs.configure_logging
 
     def quiet(level: str = "INFO") -> None:
         configure(level)
         logging.getLogger("mail.log").setLevel(logging.WARNING)
 
-    masd.app.configure_logging = quiet
+    masd.logs.configure_logging = quiet
 
 
 def _sqlite_cache(megabytes: int) -> None:

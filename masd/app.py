@@ -272,17 +272,3 @@ def _where(server: asyncio.AbstractServer) -> str:
     sockets = getattr(server, "sockets", None) or ()
     names = [s.getsockname() for s in sockets]
     return ", ".join(str(n) for n in names)
-
-
-def configure_logging(level: str = "INFO") -> None:
-    """One line per decision: time, level, component, ``key=value`` pairs."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    # The format names no thread or process: not looked up for every record
-    # (the logging HOWTO's "Optimization"; a tenth of a record's cost).
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    # aiosmtpd logs every LMTP command at INFO (about 8 lines per delivery,
-    # a quarter of intake throughput); masd logs one line per decision.
-    logging.getLogger("mail.log").setLevel(max(logging.WARNING, logging.root.level))

@@ -51,8 +51,9 @@ def serve(config_file: Path, log_level: str, test_clock: bool) -> None:
     Stops cleanly on SIGTERM or SIGINT: stops accepting, finishes what is in
     flight, exits 0.
     """
-    from masd.app import App, configure_logging
+    from masd.app import App
     from masd.clock import Clock, TestClock
+    from masd.logs import configure_logging
     from masd.store import StoreError
 
     config = _load(config_file)
