@@ -73,6 +73,7 @@ class ContractClient:
         # Called by the transport at its first request, on the running loop.
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
+            cookie_jar=aiohttp.DummyCookieJar(),  # aiohttp's side keeps none either
             trust_env=False,
             auto_decompress=False,
         )
