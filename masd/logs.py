@@ -44,5 +44,7 @@ def configure_logging(level: str = "INFO") -> None:
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     logging._srcfile = None  # the HOWTO's documented switch
     # aiosmtpd logs every LMTP command at INFO (about 8 lines per delivery,
-    # a quarter of intake throughput); masd logs one line per decision.
-    logging.getLogger("mail.log").setLevel(max(logging.WARNING, logging.root.level))
+    # a quarter of intake throughput) and httpx every request; masd logs one
+    # line per decision (the outbox's names the answer httpx would log).
+    for chatty in ("mail.log", "httpx"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.root.level))

@@ -26,3 +26,22 @@ def test_lines_equal_the_standard_formatters_across_seconds() -> None:
 def test_an_explicit_date_format_is_honoured() -> None:
     record = _record(1_780_000_000.5)
     assert LineFormatter().formatTime(record, "%Y") == logging.Formatter().formatTime(record, "%Y")
+
+
+def test_libraries_that_log_every_request_are_kept_to_warnings() -> None:
+    import masd.logs
+
+    names = ("mail.log", "httpx")
+    saved = {n: logging.getLogger(n).level for n in names}
+    flags = (logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+    srcfile = logging._srcfile
+    try:
+        masd.logs.configure_logging("INFO")
+        for name in names:  # one line per decision, not one per LMTP command or HTTP request
+            assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+            assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+        logging.logThreads, logging.logProcesses, logging.logMultiprocessing = flags
+        logging._srcfile = srcfile
