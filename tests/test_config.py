@@ -5,10 +5,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,11 +41,17 @@ TOKENS = {
     "crm.token": "crm-secret-0003",
     "transfer.token": "transfer-secret-0004",
 }
-PEM = (
-    "-----BEGIN PRIVATE KEY-----\n"
-    "MIIBVQIBADANBgkqhkiG9w0BAQEFAASCAT8wggE7AgEAAkEAv0tY1x5Bb3nq0hB0\n"
-    "-----END PRIVATE KEY-----\n"
-)
+
+
+def _pem(key: Any, encryption: Any = None) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        encryption or serialization.NoEncryption(),
+    ).decode()
+
+
+PEM = _pem(ed25519.Ed25519PrivateKey.generate())  # a key that signs, made in a millisecond
 DELETE = object()
 
 
@@ -875,6 +884,31 @@ def test_bad_value_is_named(
     write(secrets_dir / "dkim.key", PEM)
     errors = errors_of(put(base(), keys, value), secrets_dir)
     assert errors == [message.replace("{dir}", str(secrets_dir))]
+
+
+def test_a_key_that_cannot_sign_is_named_by_check_config(secrets_dir: Path) -> None:
+    cases = {
+        "truncated": (PEM[:90] + "\n-----END PRIVATE KEY-----\n", "is not a usable key: "),
+        "encrypted": (
+            _pem(
+                ed25519.Ed25519PrivateKey.generate(),
+                serialization.BestAvailableEncryption(b"secret"),
+            ),
+            "is encrypted: masd reads keys without a passphrase",
+        ),
+        "short RSA": (
+            subprocess.run(["openssl", "genrsa", "512"], check=True, capture_output=True).stdout,
+            "is an RSA key of 512 bits; at least 1024 needed",
+        ),
+        "EC": (_pem(ec.generate_private_key(ec.SECP256R1())), "; DKIM signs with RSA or Ed25519"),
+    }
+    for name, (data, why) in cases.items():
+        key = secrets_dir / f"{name}.key"
+        key.write_bytes(data if isinstance(data, bytes) else data.encode())
+        dkim = {"selector": "mas", "key_file": key.name}
+        [error] = errors_of(put(base(), ("domains", "help.example", "dkim"), dkim), secrets_dir)
+        assert error.startswith(f'domains."help.example".dkim.key_file: "{key}" '), name
+        assert why in error, (name, error)
 
 
 def test_config_errors_is_a_named_refusal(secrets_dir: Path) -> None:

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from masd.config import Dkim
+from masd.config.dkim import SigningKey, UnusableKey, load_key
 from masd.core.errors import MasdError
 
 __all__ = ["SIGNED_HEADERS", "DkimSignError", "Signer", "load_signer", "sign"]
@@ -45,8 +45,6 @@ SIGNED_HEADERS: Final = (
     "Content-Type",
 )
 _SIGNED: Final = tuple(h.lower().encode("ascii") for h in SIGNED_HEADERS)
-#: RSA keys shorter than this are refused (RFC 8301: at least 1024 bits).
-MIN_RSA_BITS: Final = 1024
 
 _LINE = re.compile(rb"\r?\n")
 _HEADER_END = re.compile(rb"(?:^|\r?\n)\r?\n")
@@ -73,7 +71,7 @@ class Signer:
     domain: bytes
     selector: bytes
     algorithm: bytes  # b"rsa-sha256" or b"ed25519-sha256"
-    key: rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
+    key: SigningKey
 
     def describe(self) -> str:
         return f"{self.domain.decode()} (selector {self.selector.decode()})"
@@ -87,18 +85,11 @@ def load_signer(key: Dkim, domain: str) -> Signer:
     except UnicodeError as exc:
         raise DkimSignError(f"{where}: names must be ASCII (A-labels): {exc}") from exc
     try:
-        loaded = serialization.load_pem_private_key(key.key, password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise DkimSignError(f"{where}: {key.key_file} is not a usable key: {exc}") from exc
-    if isinstance(loaded, rsa.RSAPrivateKey):
-        if loaded.key_size < MIN_RSA_BITS:
-            raise DkimSignError(
-                f"{where}: an RSA key of {loaded.key_size} bits; at least {MIN_RSA_BITS} needed"
-            )
-        return Signer(*names, b"rsa-sha256", loaded)
-    if isinstance(loaded, ed25519.Ed25519PrivateKey):
-        return Signer(*names, b"ed25519-sha256", loaded)
-    raise DkimSignError(f"{where}: a {type(loaded).__name__}; DKIM signs with RSA or Ed25519")
+        loaded = load_key(key.key)
+    except UnusableKey as exc:
+        raise DkimSignError(f"{where}: {key.key_file} {exc}") from exc
+    algorithm = b"rsa-sha256" if isinstance(loaded, rsa.RSAPrivateKey) else b"ed25519-sha256"
+    return Signer(*names, algorithm, loaded)
 
 
 def sign(message: bytes, signers: Sequence[Signer], now: float) -> bytes:
