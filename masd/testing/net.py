@@ -4,16 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
+from pathlib import Path
+from typing import Final
 
 __all__ = ["free_port", "free_ports", "listening"]
 
 
+#: Where ports are picked: below the kernel's ephemeral range, so that a client's
+#: connection elsewhere cannot take the port between the pick and the server's bind.
+PICK_BELOW: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_SPAN: Final = 10_000
+_TRIES: Final = 50
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range."""
+    low = _ephemeral_start()
+    for _ in range(_TRIES):
+        port = random.randrange(max(1024, low - _SPAN), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", 0))  # every pick taken: one the kernel chooses
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    try:
+        return max(1025, int(PICK_BELOW.read_text().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def free_ports(count: int) -> list[int]:
