@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from hypothesis import given
 from hypothesis import strategies as st
+from support.keys import pem
 
 from masd.config import (
     Config,
@@ -42,16 +42,7 @@ TOKENS = {
     "transfer.token": "transfer-secret-0004",
 }
 
-
-def _pem(key: Any, encryption: Any = None) -> str:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        encryption or serialization.NoEncryption(),
-    ).decode()
-
-
-PEM = _pem(ed25519.Ed25519PrivateKey.generate())  # a key that signs, made in a millisecond
+PEM = pem(ed25519.Ed25519PrivateKey.generate()).decode()  # a key that signs, in a millisecond
 DELETE = object()
 
 
@@ -890,17 +881,14 @@ def test_a_key_that_cannot_sign_is_named_by_check_config(secrets_dir: Path) -> N
     cases = {
         "truncated": (PEM[:90] + "\n-----END PRIVATE KEY-----\n", "is not a usable key: "),
         "encrypted": (
-            _pem(
-                ed25519.Ed25519PrivateKey.generate(),
-                serialization.BestAvailableEncryption(b"secret"),
-            ),
+            pem(ed25519.Ed25519PrivateKey.generate(), b"secret"),
             "is encrypted: masd reads keys without a passphrase",
         ),
         "short RSA": (
             subprocess.run(["openssl", "genrsa", "512"], check=True, capture_output=True).stdout,
             "is an RSA key of 512 bits; at least 1024 needed",
         ),
-        "EC": (_pem(ec.generate_private_key(ec.SECP256R1())), "; DKIM signs with RSA or Ed25519"),
+        "EC": (pem(ec.generate_private_key(ec.SECP256R1())), "; DKIM signs with RSA or Ed25519"),
     }
     for name, (data, why) in cases.items():
         key = secrets_dir / f"{name}.key"

@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from support.keys import pem
 
 from masd.config import ConfigErrors, load_config
 
@@ -30,14 +30,7 @@ def example(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "packaging" / "secrets-example", tmp_path / "secrets-example")
     for token in (tmp_path / "secrets-example").glob("*.token"):
         token.chmod(0o600)
-    key = ed25519.Ed25519PrivateKey.generate()
-    (tmp_path / "dkim.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    (tmp_path / "dkim.key").write_bytes(pem(ed25519.Ed25519PrivateKey.generate()))
     (tmp_path / "dkim.key").chmod(0o600)
     copy = tmp_path / "masd.toml"
     shutil.copyfile(EXAMPLE, copy)

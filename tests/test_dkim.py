@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.keys import pem
 from support.outbox import deliver, inbound, make_env
 
 from masd.config import Dkim
@@ -35,14 +36,6 @@ from masd.testing import SmtpSink
 
 DOMAIN = "help.example"
 NOW = 1_700_000_000
-
-
-def pem(key: rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
 
 
 def txt(key: rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey) -> bytes:
