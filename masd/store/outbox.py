@@ -176,20 +176,18 @@ def next_due_at(tx: Tx, now: float) -> float | None:
     return None if at is None else float(at)
 
 
-_DONE = (
-    "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "
-    "done_at = ? WHERE id = ?"
-)
-
-
 def done(tx: Tx, item_id: int, at: float | None = None) -> None:
     """Delivered (``at``: when, the read side's ``done_at``)."""
-    run(tx, _DONE, (at, item_id))
+    done_many(tx, (item_id,), at)
 
 
 def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
-    """Several delivered at once: :func:`done` for each of ``item_ids``."""
-    db(tx).conn.executemany(_DONE, [(at, item_id) for item_id in item_ids])
+    """Several delivered at once (``at``: when, the read side's ``done_at``)."""
+    db(tx).conn.executemany(
+        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "
+        "done_at = ? WHERE id = ?",
+        [(at, item_id) for item_id in item_ids],
+    )
 
 
 def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:

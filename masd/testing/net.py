@@ -12,9 +12,9 @@ from typing import Final
 __all__ = ["free_port", "free_ports", "listening"]
 
 
-#: Where ports are picked: below the kernel's ephemeral range, so that a client's
-#: connection elsewhere cannot take the port between the pick and the server's bind.
-PICK_BELOW: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: Ports are picked below the kernel's ephemeral range (its first port is here), so
+#: that a client's connection elsewhere cannot take one between the pick and the bind.
+_EPHEMERAL_RANGE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _SPAN: Final = 10_000
 _TRIES: Final = 50
 
@@ -37,7 +37,7 @@ def free_port() -> int:
 
 def _ephemeral_start() -> int:
     try:
-        return max(1025, int(PICK_BELOW.read_text().split()[0]))
+        return max(1025, int(_EPHEMERAL_RANGE.read_text().split()[0]))
     except (OSError, ValueError, IndexError):
         return 32768  # Linux's default
 
