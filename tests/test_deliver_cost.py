@@ -17,9 +17,10 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.ticket import write_ticket_config
 
 from masd.cli import main
-from masd.config import Config, load_config
+from masd.config import Config
 from masd.core.address import parse_address
 from masd.core.event import build_event
 from masd.core.principle10 import Caps, Counts, Recipient, decide_send
@@ -29,31 +30,10 @@ from masd.store import Store
 
 AT = 1_790_000_000.0
 
-CONFIG = """
-[server]
-database = "masd.db"
-trusted_authserv_ids = ["mx.help.example"]
-hostname = "masd.help.example"
-
-[domains."help.example".types.ticket]
-role = "master"
-modes = ["callback"]
-send_cap = {{ per_case = 20, per_recipient_per_day = {per_day} }}
-
-[domains."help.example".types.ticket.endpoints.callback]
-url = "http://127.0.0.1:9/mas"
-token_file = "callback.token"
-deadline = "2h"
-"""
-
 
 def write_config(directory: Path, per_day: int = 10) -> Config:
-    token = directory / "callback.token"
-    token.write_text("callback-" + "t" * 32 + "\n")
-    token.chmod(0o600)
-    path = directory / "masd.toml"
-    path.write_text(CONFIG.format(per_day=per_day))
-    return load_config(path)
+    cap = f"send_cap = {{ per_case = 20, per_recipient_per_day = {per_day} }}"
+    return write_ticket_config(directory, server='hostname = "masd.help.example"', ticket=cap)
 
 
 def message(

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.ticket import write_ticket_config
 
 from masd.clock import Clock
-from masd.config import Config, TcpListen, UnixListen, load_config
+from masd.config import Config, TcpListen, UnixListen
 from masd.edges.context import EdgeContext
 from masd.edges.lmtp import (
     LmtpHandler,
@@ -40,36 +41,20 @@ from masd.store import Store
 HOSTNAME = "lmtp.help.example"
 LIMIT = 20_000
 
-CONFIG = """
-[server]
-database = "masd.db"
-trusted_authserv_ids = ["mx.help.example"]
-max_message_bytes = {limit}
-hostname = "{hostname}"
-
-[domains."help.example".types.ticket]
-role = "master"
-modes = ["callback"]
-
-[domains."help.example".types.ticket.endpoints.callback]
-url = "http://127.0.0.1:9/mas/callback"
-token_file = "callback.token"
-deadline = "2h"
-
+SLAVE_TYPE = """
 [domains."help.example".types.crm]
 role = "slave"
-master = {{ url = "http://127.0.0.1:9/mas/master", token_file = "master.token" }}
+master = { url = "http://127.0.0.1:9/mas/master", token_file = "master.token" }
 """
 
 
 def write_config(tmp_path: Path, limit: int = LIMIT) -> Config:
-    for name in ("callback.token", "master.token"):
-        token = tmp_path / name
-        token.write_text(secrets.token_hex(16) + "\n")
-        token.chmod(0o600)
-    path = tmp_path / "masd.toml"
-    path.write_text(CONFIG.format(limit=limit, hostname=HOSTNAME))
-    return load_config(path)
+    return write_ticket_config(
+        tmp_path,
+        server=f'max_message_bytes = {limit}\nhostname = "{HOSTNAME}"',
+        types=SLAVE_TYPE,
+        tokens=("callback.token", "master.token"),
+    )
 
 
 class _Commits:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.ticket import write_ticket_config
 
-from masd.config import TcpListen, load_config
+from masd.config import TcpListen
 from masd.edges.context import EdgeContext
 from masd.edges.lmtp import MAX_SESSIONS, LmtpHandler, start_lmtp
 from masd.lmtpclient import deliver
@@ -27,21 +28,6 @@ from masd.store import Store
 
 HOSTNAME = "lmtp.help.example"
 WAIT = 10.0
-CONFIG = """
-[server]
-database = "masd.db"
-trusted_authserv_ids = ["mx.help.example"]
-hostname = "lmtp.help.example"
-
-[domains."help.example".types.ticket]
-role = "master"
-modes = ["callback"]
-
-[domains."help.example".types.ticket.endpoints.callback]
-url = "http://127.0.0.1:9/mas/callback"
-token_file = "callback.token"
-deadline = "2h"
-"""
 MAIL = (
     b"From: Alice <alice@example.org>\r\nTo: ticket@help.example\r\nSubject: Printer\r\n"
     b"Message-ID: <lim-1@example.org>\r\n\r\nThe printer is on fire.\r\n"
@@ -68,11 +54,7 @@ class Listener:
 
 @contextlib.asynccontextmanager
 async def listening(tmp_path: Path, **limits: Any) -> AsyncIterator[Listener]:
-    token = tmp_path / "callback.token"
-    token.write_text(secrets.token_hex(16) + "\n")
-    token.chmod(0o600)
-    (tmp_path / "masd.toml").write_text(CONFIG)
-    config = load_config(tmp_path / "masd.toml")
+    config = write_ticket_config(tmp_path, server=f'hostname = "{HOSTNAME}"')
     store = Store.open(config.server.database)
     metrics = Metrics()
     rt = Runtime(config, new_id=lambda: secrets.token_hex(16))

@@ -24,9 +24,10 @@ import pytest
 from support.http import open_case_through
 from support.masd_process import free_port
 from support.system import require_program
+from support.ticket import write_ticket_config
 
 from masd.app import App
-from masd.config import Config, TcpListen, UnixListen, load_config
+from masd.config import Config, TcpListen, UnixListen
 from masd.edges.context import EdgeContext
 from masd.edges.lmtp import LmtpHandler
 from masd.edges.milter import METRIC, MilterListenError, MilterServer, start_milter
@@ -37,31 +38,9 @@ from masd.store import Store
 WAIT = 10.0
 MAX_BYTES = 4000
 
-CONFIG = """
-[server]
-database = "masd.db"
-trusted_authserv_ids = ["mx.help.example"]
-max_message_bytes = {max_bytes}
-{listeners}
-
-[domains."help.example".types.ticket]
-role = "master"
-modes = ["callback"]
-
-[domains."help.example".types.ticket.endpoints.callback]
-url = "http://127.0.0.1:9/mas/callback"
-token_file = "callback.token"
-deadline = "2h"
-"""
-
 
 def write_config(directory: Path, listeners: str = "") -> Config:
-    token = directory / "callback.token"
-    token.write_text(secrets.token_hex(16) + "\n")
-    token.chmod(0o600)
-    path = directory / "masd.toml"
-    path.write_text(CONFIG.format(listeners=listeners, max_bytes=MAX_BYTES))
-    return load_config(path)
+    return write_ticket_config(directory, server=f"max_message_bytes = {MAX_BYTES}\n{listeners}")
 
 
 # --------------------------------------------------------------------------- a hand-written MTA

@@ -24,10 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.http import open_case_through
 from support.masd_process import free_port
+from support.ticket import write_ticket_config
 
 from masd.app import App
 from masd.clock import Clock
-from masd.config import Config, TcpListen, UnixListen, load_config
+from masd.config import Config, TcpListen, UnixListen
 from masd.edges.context import EdgeContext
 from masd.edges.lmtp import LmtpHandler, Replies
 from masd.edges.policy import (
@@ -48,30 +49,9 @@ from masd.store import Store
 
 WAIT = 10.0
 
-CONFIG = """
-[server]
-database = "masd.db"
-trusted_authserv_ids = ["mx.help.example"]
-{listeners}
-
-[domains."help.example".types.ticket]
-role = "master"
-modes = ["callback"]
-
-[domains."help.example".types.ticket.endpoints.callback]
-url = "http://127.0.0.1:9/mas/callback"
-token_file = "callback.token"
-deadline = "2h"
-"""
-
 
 def write_config(directory: Path, listeners: str = "") -> Config:
-    token = directory / "callback.token"
-    token.write_text(secrets.token_hex(16) + "\n")
-    token.chmod(0o600)
-    path = directory / "masd.toml"
-    path.write_text(CONFIG.format(listeners=listeners))
-    return load_config(path)
+    return write_ticket_config(directory, server=listeners)
 
 
 def request(recipient: str | None, **attrs: str) -> dict[str, str]:
