@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,8 @@ from support.outbox import (
     deliver,
     eventually,
     inbound,
-    make_env,
     query,
+    run_env,
 )
 
 from masd.clock import TestClock
@@ -29,17 +28,6 @@ from masd.testing import FakePeer, Recorded
 REQUEST = "ticket!callback@help.example"
 INTAKE = "ticket@help.example"
 CASE = "ticket=gs-1@help.example"
-
-
-def run(tmp_path: Path, body: Callable[[Env], Awaitable[None]], **env_args: Any) -> None:
-    async def main() -> None:
-        env = await make_env(tmp_path, **env_args)
-        try:
-            await body(env)
-        finally:
-            await env.close()
-
-    asyncio.run(main())
 
 
 def outbox_of(env: Env) -> Outbox:
@@ -102,7 +90,7 @@ def test_handoff_request_and_acknowledgement_go_out(tmp_path: Path) -> None:
         assert env.metrics.value("masd_outbox_attempts_total", kind="contract", result="done") == 1
         assert env.metrics.value("masd_outbox_attempts_total", kind="mail", result="done") == 1
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 def test_5xx_is_retried_with_the_same_id_and_delivered_once(tmp_path: Path) -> None:
@@ -125,7 +113,7 @@ def test_5xx_is_retried_with_the_same_id_and_delivered_once(tmp_path: Path) -> N
         [status] = await query(env, "SELECT status FROM handoffs")
         assert status["status"] == "requested"
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +162,7 @@ def test_refused_handoff_request_records_failed_and_resumes_by_mail(
             env.metrics.value("masd_outbox_attempts_total", kind="contract", result="failed") == 1
         )
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 def test_one_queue_keeps_its_order_under_retries_and_does_not_block_others(
@@ -234,7 +222,7 @@ def test_one_queue_keeps_its_order_under_retries_and_does_not_block_others(
         assert len(ids) == 6
         assert {r["state"] for r in await outbox_rows(env)} == {"done"}
 
-    run(tmp_path, body, clock=TestClock(1_700_000_000.0), peer=FakePeer(script))
+    run_env(tmp_path, body, clock=TestClock(1_700_000_000.0), peer=FakePeer(script))
 
 
 def test_pending_rows_survive_a_restart(tmp_path: Path) -> None:
@@ -281,7 +269,7 @@ def test_pending_rows_survive_a_restart(tmp_path: Path) -> None:
         assert len(requests) >= 2
         assert {contract(r)["id"] for r in requests} == {contract(requests[0])["id"]}
 
-    run(tmp_path, body, peer=FakePeer(script))
+    run_env(tmp_path, body, peer=FakePeer(script))
 
 
 def test_unreachable_peer_is_retried(tmp_path: Path) -> None:
@@ -302,7 +290,7 @@ def test_unreachable_peer_is_retried(tmp_path: Path) -> None:
         assert row["state"] == "pending"
         assert row["last_error"].startswith("connect failed")
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 def test_smtp_relay_down_is_retried_not_lost(tmp_path: Path) -> None:
@@ -325,7 +313,7 @@ def test_smtp_relay_down_is_retried_not_lost(tmp_path: Path) -> None:
         [row] = await outbox_rows(env)
         assert row["state"] == "done"
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 def test_smtp_4xx_is_retried(tmp_path: Path) -> None:
@@ -341,7 +329,7 @@ def test_smtp_4xx_is_retried(tmp_path: Path) -> None:
         [row] = await outbox_rows(env)
         assert (row["state"], row["attempts"]) == ("done", 2)
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 @pytest.mark.parametrize("at", ["DATA", "RCPT"])
@@ -364,7 +352,7 @@ def test_smtp_5xx_records_delivery_failed(tmp_path: Path, at: Any) -> None:
         assert df["to"] == "alice@example.com"
         assert df["detail"] == "SMTP 554 5.7.1 rejected by policy"
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 def test_stop_lets_an_in_flight_send_finish(tmp_path: Path) -> None:
@@ -387,7 +375,7 @@ def test_stop_lets_an_in_flight_send_finish(tmp_path: Path) -> None:
         row = next(r for r in await outbox_rows(env) if r["kind"] == "contract")
         assert row["state"] == "done"
 
-    run(tmp_path, body, peer=FakePeer(slow))
+    run_env(tmp_path, body, peer=FakePeer(slow))
 
 
 def test_outbox_hands_mail_to_its_transport(tmp_path: Path) -> None:
@@ -410,7 +398,7 @@ def test_outbox_hands_mail_to_its_transport(tmp_path: Path) -> None:
         assert transport.closed
         assert env.sink.messages == []
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 def test_a_lane_keeps_its_in_flight_limit_and_finds_every_head_it_turned_away(
@@ -453,7 +441,7 @@ def test_a_lane_keeps_its_in_flight_limit_and_finds_every_head_it_turned_away(
         assert len(ids) == len(set(ids)) == cases  # each once
         assert len(env.sink.messages) == cases
 
-    run(tmp_path, body, peer=FakePeer(slow))
+    run_env(tmp_path, body, peer=FakePeer(slow))
 
 
 def test_rows_recorded_while_it_runs_go_out_in_order(tmp_path: Path) -> None:
@@ -500,4 +488,4 @@ def test_rows_recorded_while_it_runs_go_out_in_order(tmp_path: Path) -> None:
         await outbox.stop()
         assert contract(cancel)["id"] == "c-1"
 
-    run(tmp_path, body, peer=FakePeer(held))
+    run_env(tmp_path, body, peer=FakePeer(held))

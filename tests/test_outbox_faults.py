@@ -10,12 +10,11 @@ import asyncio
 import email
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.outbox import Env, deliver, eventually, inbound, make_env, query
+from support.outbox import Env, deliver, eventually, inbound, query, run_env
 
 from masd.edges.context import EdgeContext
 from masd.edges.lanes import FAILURES_TO_OPEN
@@ -27,17 +26,6 @@ pytestmark = [pytest.mark.fault, pytest.mark.slow]
 #: docs/protocol.md §10: "a healthy peer's messages and the acknowledgements still leave
 #: within 1 s of being recorded".
 BOUND = 1.0
-
-
-def run(tmp_path: Path, body: Callable[[Env], Awaitable[None]], **env_args: Any) -> None:
-    async def main() -> None:
-        env = await make_env(tmp_path, **env_args)
-        try:
-            await body(env)
-        finally:
-            await env.close()
-
-    asyncio.run(main())
 
 
 def key_of(rec: Recorded) -> str:
@@ -145,7 +133,7 @@ def test_a_hung_peer_does_not_delay_a_healthy_peer_or_the_mail(tmp_path: Path) -
         pending = [r for r in rows if r["state"] == "pending"]
         assert len(pending) == 300  # the hung peer's messages wait; none is lost or failed
 
-    run(tmp_path, body, peer=FakePeer(hang), more_peers={"chat": FakePeer(healthy)})
+    run_env(tmp_path, body, peer=FakePeer(hang), more_peers={"chat": FakePeer(healthy)})
 
 
 def test_a_peer_failing_forever_opens_its_circuit_and_holds_up_nobody(tmp_path: Path) -> None:
@@ -202,7 +190,7 @@ def test_a_peer_failing_forever_opens_its_circuit_and_holds_up_nobody(tmp_path: 
         assert {r["state"] for r in rows} == {"pending"}  # retried later, not given up
         assert len(rows) == len(keys["callback"])
 
-    run(
+    run_env(
         tmp_path,
         body,
         peer=FakePeer(lambda rec: (503, {"ok": False})),
@@ -301,7 +289,7 @@ def test_no_resend_storm_while_the_store_refuses_writes(tmp_path: Path) -> None:
         assert max(counts.values()) <= 2
         assert max(during.values()) <= 2
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)
 
 
 def test_a_failure_to_record_backs_off_and_never_loops(tmp_path: Path) -> None:
@@ -332,4 +320,4 @@ def test_a_failure_to_record_backs_off_and_never_loops(tmp_path: Path) -> None:
         [row] = await query(env, "SELECT state, attempts FROM outbox")
         assert (row["state"], row["attempts"]) == ("done", 1)
 
-    run(tmp_path, body)
+    run_env(tmp_path, body)

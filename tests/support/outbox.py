@@ -13,7 +13,7 @@ import datetime
 import hashlib
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -166,6 +166,19 @@ async def make_env(
         tmp=tmp,
         more_peers=dict(more_peers),
     )
+
+
+def run_env(tmp: Path, body: Callable[[Env], Awaitable[None]], **env_args: Any) -> None:
+    """``body`` on a fresh :func:`make_env` (``env_args`` passed on), closed after it."""
+
+    async def main() -> None:
+        env = await make_env(tmp, **env_args)
+        try:
+            await body(env)
+        finally:
+            await env.close()
+
+    asyncio.run(main())
 
 
 def inbound(
