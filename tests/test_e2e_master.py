@@ -31,8 +31,8 @@ from support.masd_process import (
     MasterSetup,
     mx_mail,
     wait_until,
-    write_master_config,
 )
+from support.watch import watched
 
 from masd import lmtpclient
 from masd.testing.peers import FakePeer, ReceivedMail, Recorded, SmtpSink
@@ -145,27 +145,8 @@ async def running(
     tmp_path: Path, *, endpoint: FakePeer | None = None, deadline: str = "1h"
 ) -> AsyncIterator[Run]:
     """masd with a fake callback endpoint and a mail sink; SIGTERM at the end must exit 0."""
-    peer = endpoint or FakePeer()
-    async with peer, SmtpSink() as sink:
-        setup = write_master_config(
-            tmp_path / "masd",
-            endpoint_url=peer.url + "mas",
-            smtp_port=sink.port,
-            deadline=deadline,
-            modes=("callback", "chat"),
-        )
-        async with (
-            MasdProcess(setup.config, tmp_path / "masd.log") as masd,
-            httpx.AsyncClient(
-                base_url=setup.http_url,
-                headers={"Authorization": f"Bearer {setup.admin_token}"},
-                timeout=WAIT,
-            ) as http,
-        ):
-            yield Run(setup, masd, peer, sink, http)
-            if masd.running:
-                code = await masd.terminate()
-                assert code == 0, masd.log()
+    async with watched(tmp_path, endpoint=endpoint, deadline=deadline) as w:
+        yield Run(w.setup, w.masd, w.endpoint, w.sink, w.http)
 
 
 def text_of(mail: ReceivedMail) -> str:

@@ -104,6 +104,7 @@ async def watched(
     args: Sequence[str] = (),
     endpoint: FakePeer | None = None,
     retry_for: str = "1h",
+    deadline: str = "1h",
     more_config: str = "",
 ) -> AsyncIterator[Watched]:
     """masd (with ``args``, e.g. ``--test-clock``) and its peers; SIGTERM at the end exits 0.
@@ -118,6 +119,7 @@ async def watched(
             smtp_port=sink.port,
             modes=("callback", "chat"),
             retry_for=retry_for,
+            deadline=deadline,
         )
         if more_config:
             setup.config.write_text(setup.config.read_text() + more_config)
