@@ -33,8 +33,8 @@ from masd.edges.outbox import Outbox
 from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
 from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
-from masd.feed import FeedWatch
 from masd.metrics import Metrics
+from masd.read.feed import FeedWatch
 from masd.service import PURGE_BATCH, Runtime, Wakes, purge
 from masd.store import Store
 

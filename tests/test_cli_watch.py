@@ -14,7 +14,7 @@ from support.masd_process import ROOT, WAIT, mx_mail, write_master_config
 from support.watch import ANN, BOB, Watched, watched
 
 from masd.config import load_config
-from masd.explain import default_recipient, explain
+from masd.ops.explain import default_recipient, explain
 
 NOW = 1_790_000_000.0
 

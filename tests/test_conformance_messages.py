@@ -36,10 +36,10 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 from support.masd_process import free_port, mx_mail
 
-from masd import lmtpclient
 from masd.app import App
 from masd.config import load_config
 from masd.core.wire import MAY_SEND, TYPES
+from masd.testing import lmtpclient
 from masd.testing.peers import FakePeer, Recorded, SmtpSink
 
 ROOT = Path(__file__).resolve().parents[1]

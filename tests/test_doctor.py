@@ -26,7 +26,8 @@ from support.masd_process import (
 )
 
 from masd.config import TcpListen, UnixListen, load_config
-from masd.doctor import (
+from masd.metrics import Metrics
+from masd.ops.doctor import (
     WINDOW,
     Finding,
     TrustSummary,
@@ -39,8 +40,7 @@ from masd.doctor import (
     report,
     trust_finding,
 )
-from masd.lmtpclient import LmtpConnection
-from masd.metrics import Metrics
+from masd.testing.lmtpclient import LmtpConnection
 from masd.testing.peers import FakePeer, SmtpSink
 
 OTHER_ID = "mx.other.example"

@@ -2,7 +2,7 @@
 
 masd runs as a real process (``python -m masd serve --config FILE``) with a
 configuration written here.  Everything is on loopback: mail goes in over
-LMTP (:mod:`masd.lmtpclient`), the mode endpoint is a
+LMTP (:mod:`masd.testing.lmtpclient`), the mode endpoint is a
 :class:`~masd.testing.peers.FakePeer`, the SMTP relay an
 :class:`~masd.testing.peers.SmtpSink`, and what masd recorded is read back
 through the HTTP read side (docs/protocol.md §16) with the admin secret.
@@ -34,7 +34,7 @@ from support.masd_process import (
 )
 from support.watch import watched
 
-from masd import lmtpclient
+from masd.testing import lmtpclient
 from masd.testing.peers import FakePeer, ReceivedMail, Recorded, SmtpSink
 
 ANN = "ann@example.org"

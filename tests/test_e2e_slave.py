@@ -31,7 +31,7 @@ import jsonschema
 from support.masd_process import ROOT, WAIT, MasdProcess, mx_mail, wait_until
 from support.slave import OTHER_DOMAIN, SlaveSetup, write_slave_config
 
-from masd import lmtpclient
+from masd.testing import lmtpclient
 from masd.testing.peers import FakePeer, ReceivedMail, Recorded, SmtpSink
 
 ANN = "ann@example.org"

@@ -35,7 +35,7 @@ from masd.core.errors import TransitionError, WireError
 from masd.core.event import ParsedMail, build_event
 from masd.core.trust import TrustSettings
 from masd.core.wire import CaseRef, HandoffStatus
-from masd.peers import Peer, PeerKind, Principal
+from masd.service.peer_directory import Peer, PeerKind, Principal
 
 TRUST = TrustSettings(frozenset({"mx.help.example"}), frozenset({"mx.help.example"}))
 ENDPOINT = EndpointView(

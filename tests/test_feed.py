@@ -20,7 +20,7 @@ from httpx_sse import aconnect_sse
 from support.masd_process import WAIT, mx_mail, wait_until
 from support.watch import ANN, BOB, Watched, watched
 
-from masd import lmtpclient
+from masd.testing import lmtpclient
 from masd.testing.peers import FakePeer
 
 EVENTS = "/mas/v0.1/events"

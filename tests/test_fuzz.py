@@ -43,9 +43,9 @@ from support.masd_process import (
     write_secret,
 )
 
-from masd import lmtpclient
 from masd.core.status import MACHINE
 from masd.core.wire import TYPES
+from masd.testing import lmtpclient
 
 FUZZ = settings(
     max_examples=300,

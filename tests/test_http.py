@@ -24,9 +24,9 @@ from support.http import (
     status_message,
 )
 
-from masd import readside
 from masd.config import UnixListen
 from masd.edges.http import MAX_BODY, REPLIES
+from masd.read import case_views as readside
 
 MESSAGES = "/mas/v0.1/messages"
 JSON = {"Content-Type": "application/json"}

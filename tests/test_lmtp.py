@@ -33,10 +33,10 @@ from masd.edges.lmtp import (
     new_message_ref,
     start_lmtp,
 )
-from masd.lmtpclient import LmtpConnection, LmtpError, LmtpResult, deliver, encode_data
 from masd.metrics import Metrics
 from masd.service import Runtime
 from masd.store import Store
+from masd.testing.lmtpclient import LmtpConnection, LmtpError, LmtpResult, deliver, encode_data
 
 HOSTNAME = "lmtp.help.example"
 LIMIT = 20_000

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from support.masd_process import WAIT, MasdProcess, mx_mail, write_master_config
 
-from masd import lmtpclient
+from masd.testing import lmtpclient
 from masd.testing.peers import FakePeer, SmtpSink
 
 ANN = "ann@example.org"

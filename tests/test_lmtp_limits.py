@@ -21,10 +21,10 @@ from support.ticket import write_ticket_config
 from masd.config import TcpListen
 from masd.edges.context import EdgeContext
 from masd.edges.lmtp import MAX_SESSIONS, LmtpHandler, start_lmtp
-from masd.lmtpclient import deliver
 from masd.metrics import Metrics
 from masd.service import Runtime
 from masd.store import Store
+from masd.testing.lmtpclient import deliver
 
 HOSTNAME = "lmtp.help.example"
 WAIT = 10.0

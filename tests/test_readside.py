@@ -9,7 +9,7 @@ from pathlib import Path
 from support.http import deliver, write_config
 
 from masd.config import load_config
-from masd.readside import open_work
+from masd.read.case_views import open_work
 from masd.service import Runtime, outbox_done
 from masd.store import Store
 

@@ -28,7 +28,6 @@ import pytest
 from support.masd_process import ROOT, free_port, write_master_config
 from support.system import require_program
 
-from masd import lmtpclient
 from masd.edges.sockets import (
     SD_LISTEN_FDS_START,
     SocketActivationError,
@@ -36,6 +35,7 @@ from masd.edges.sockets import (
     inherited_sockets,
     parse_listen_env,
 )
+from masd.testing import lmtpclient
 
 WAIT = 20.0
 MAIL = (

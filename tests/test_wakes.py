@@ -27,13 +27,13 @@ from support.masd_process import mx_mail
 from support.outbox import CALLBACK_TOKEN as OUTBOX_CALLBACK_TOKEN
 from support.outbox import deliver, eventually, inbound, make_env, query
 
-from masd import lmtpclient, service
+from masd import service
 from masd.app import App
 from masd.clock import TestClock
 from masd.config import load_config
 from masd.core import wire
 from masd.service import NO_WAKES, Wakes
-from masd.testing import FakePeer, SmtpSink
+from masd.testing import FakePeer, SmtpSink, lmtpclient
 
 START = 1_800_000_000.0
 HOUR = 3600.0

@@ -10,10 +10,10 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from masd import lmtpclient
 from masd.conformance.match import match
 from masd.conformance.session import FlowRun, StepFailure
 from masd.conformance.steps import MailStep, PostStep, RelayStep, RestartStep, TickStep
+from masd.testing import lmtpclient
 from masd.testing.client import bearer, envelope
 from masd.testing.config import DOMAIN
 from masd.testing.inbound import mx_trace

@@ -34,12 +34,12 @@ from typing import Any, Final, TextIO
 
 import httpx
 
-from masd import lmtpclient
 from masd.conformance import acts, checks
 from masd.conformance.match import MatchError
 from masd.conformance.session import FlowRun, StepFailure
 from masd.conformance.standard import DOMAIN, apply_patch, standard_config
 from masd.conformance.steps import Flow
+from masd.testing import lmtpclient
 from masd.testing.files import to_toml
 from masd.testing.process import child_env, reap_all
 

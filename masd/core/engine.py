@@ -521,7 +521,10 @@ def request_failed(case: CaseView, handoff: HandoffView, detail: str) -> list[Ef
 
 
 class Caller(Protocol):
-    """Who a contract message's secret authenticated (:class:`masd.peers.Principal`)."""
+    """Who a contract message's secret authenticated.
+
+    (:class:`masd.service.peer_directory.Principal`.)
+    """
 
     def covers(self, peer_id: str) -> bool:
         """The secret is the one of peer ``peer_id``."""

@@ -5,7 +5,7 @@ Everything runs in one process and one event loop: masd itself
 directory), its peers on loopback, and an SMTP sink standing in for the
 outbound relay (:mod:`masd.demo.rig`).  The demo delivers mail over LMTP,
 the way Postfix would, waits until every flow has settled and prints each
-case's thread as masd recorded it (read through :mod:`masd.readside`).
+case's thread as masd recorded it (read through :mod:`masd.read.case_views`).
 
 - Master part (:mod:`masd.demo.master`): type ``ticket`` in the master role
   with a demo mode endpoint, a callback service that "calls" the

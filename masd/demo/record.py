@@ -1,4 +1,4 @@
-"""What the demo reads of masd's record, through the read side (:mod:`masd.readside`).
+"""What the demo reads of masd's record, through the read side (:mod:`masd.read.case_views`).
 
 Each function takes the store's read transaction and runs inside one read job
 (``await store.read(case_pages)``), like the read side's own functions.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from masd.readside import (
+from masd.read.case_views import (
     MAX_LIMIT,
     case_json,
     format_case,

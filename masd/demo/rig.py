@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, TextIO, TypeVar
 
-from masd import lmtpclient
 from masd.app import App
 from masd.config import Config, load_config
 from masd.demo.peers import CallbackService, Crm
 from masd.demo.stage import Stage
-from masd.readside import open_work
+from masd.read.case_views import open_work
 from masd.store import Tx
+from masd.testing import lmtpclient
 from masd.testing.client import MasdClient
 from masd.testing.config import DOMAIN, server_table, write_config
 from masd.testing.net import free_port

@@ -39,7 +39,7 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 
-from masd import readside, service
+from masd import service
 from masd.clock import TestClock
 from masd.config import Listen
 from masd.core import wire
@@ -47,9 +47,10 @@ from masd.core.errors import WireError
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.sockets import ListenError, serve
-from masd.feed import FeedWatch
 from masd.metrics import health_gauges, store_gauges
-from masd.peers import Principal
+from masd.read import case_views as readside
+from masd.read.feed import FeedWatch
+from masd.service.peer_directory import Principal
 from masd.store import StoreError
 
 log = logging.getLogger("masd.http")
@@ -81,7 +82,7 @@ REPLIES: Final[Mapping[str, int]] = MappingProxyType(
         "too-large": 413,
         "invalid-message": 400,  # read side: a bad query parameter
         "unknown-case": 404,  # read side
-        "unknown-item": 404,  # the outbound queue (masd.queue)
+        "unknown-item": 404,  # the outbound queue (masd.service.queue_actions)
         "wrong-state": 409,  # the outbound queue: an item already sent or withdrawn
         "not-found": 404,
         "method-not-allowed": 405,

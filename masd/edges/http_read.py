@@ -2,12 +2,12 @@
 
 All need the admin secret (:meth:`masd.edges.http.HttpEdge.admin_refusal`):
 
-- ``GET /mas/v0.1/cases``: the case list (:func:`masd.readside.cases_json`);
-- ``GET /mas/v0.1/events``: the event feed (:mod:`masd.feed`), as JSON with an
+- ``GET /mas/v0.1/cases``: the case list (:func:`masd.read.case_views.cases_json`);
+- ``GET /mas/v0.1/events``: the event feed (:mod:`masd.read.feed`), as JSON with an
   optional long poll (``wait``), or as Server-Sent Events when the client
   accepts ``text/event-stream`` (resuming from ``Last-Event-ID``);
 - ``GET /mas/v0.1/admin/outbox`` and ``POST .../retry``, ``.../{id}/retry``,
-  ``.../{id}/drop``: the outbound queue (:mod:`masd.queue`).  Each change is
+  ``.../{id}/drop``: the outbound queue (:mod:`masd.service.queue_actions`).  Each change is
   one store job; once it has committed the outbox is woken, so a retried
   item goes out now.
 
@@ -24,9 +24,11 @@ from typing import Any, Final
 
 from aiohttp import hdrs, web
 
-from masd import feed, queue, readside
 from masd.edges.http import HttpEdge, int_param, refusal
+from masd.read import case_views as readside
+from masd.read import feed
 from masd.service import Runtime
+from masd.service import queue_actions as queue
 from masd.store import StoreError, Tx
 
 log = logging.getLogger("masd.http")
@@ -44,7 +46,7 @@ SSE_HEADERS: Final = {
     "X-Accel-Buffering": "no",  # a proxy in front must not hold events back
 }
 
-#: A change to one queue item (:func:`masd.queue.retry`, :func:`masd.queue.drop`).
+#: A change to one queue item (:mod:`masd.service.queue_actions`: ``retry``, ``drop``).
 Change = Callable[[Runtime, Tx, int, float], queue.Done]
 
 

@@ -31,7 +31,6 @@ from masd.core.address import Address, parse_address
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
 from masd.core.trust import TrustSettings
-from masd.doctor import TrustWatch
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.lmtp_replies import (
@@ -43,6 +42,7 @@ from masd.edges.lmtp_replies import (
 )
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
+from masd.ops.doctor import TrustWatch
 from masd.service import Runtime, UnknownCase
 from masd.store import Store, StoreError
 

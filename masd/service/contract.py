@@ -47,8 +47,8 @@ from masd.core.wire import (
     PolicyPatch,
     decode,
 )
-from masd.peers import Principal
 from masd.service.apply import NOTHING, Applied, apply
+from masd.service.peer_directory import Principal
 from masd.service.runtime import NO_WAKES, Job, Runtime, Wakes
 from masd.service.state import load_case, named_handoff, policy_of
 from masd.store import Tx, append_thread, cases, idempotency, messages, savepoint, thread

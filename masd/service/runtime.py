@@ -13,7 +13,13 @@ from masd.core.engine import Context, EndpointView, Peer, PolicyView, TypeView
 from masd.core.errors import MasdError
 from masd.core.slave import SlaveTerms, Transfer
 from masd.core.trust import TrustSettings
-from masd.peers import Directory, master_peer_id, mode_peer_id, peers_of, webhook_peer_id
+from masd.service.peer_directory import (
+    Directory,
+    master_peer_id,
+    mode_peer_id,
+    peers_of,
+    webhook_peer_id,
+)
 from masd.store import Tx
 
 #: Cached TypeViews per Runtime, at most (see :meth:`Runtime.type_view`).
@@ -152,7 +158,7 @@ class Wakes:
     outbox: bool = False
     deadline: float | None = None
     #: Queues whose head the job changed without queuing a row (an operator's
-    #: retry or drop, :mod:`masd.queue`): the outbox looks at them again.
+    #: retry or drop, :mod:`masd.service.queue_actions`): the outbox looks at them again.
     queues: frozenset[str] = frozenset()
 
     def __or__(self, other: Wakes) -> Wakes:

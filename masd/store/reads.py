@@ -1,4 +1,4 @@
-"""The queries behind the read side (:mod:`masd.readside`), rows as stored."""
+"""The queries behind the read side (:mod:`masd.read.case_views`), rows as stored."""
 
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
-from masd import lmtpclient
 from masd.store import Store
+from masd.testing import lmtpclient
 from support.masd_process import mx_mail
 
 IS_ROOT = os.geteuid() == 0

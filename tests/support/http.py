@@ -22,7 +22,7 @@ from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler
 from masd.metrics import Metrics
-from masd.readside import rfc3339
+from masd.read.case_views import rfc3339
 from masd.store import Store
 
 TOKENS = {

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from masd import lmtpclient
+from masd.testing import lmtpclient
 from masd.testing.peers import FakePeer, SmtpSink
 from support.masd_process import (
     ROOT,

@@ -39,7 +39,7 @@ from masd.core.principle10 import Caps, Counts, Recipient, decide_send
 from masd.core.slave import slave_intake, slave_mail
 from masd.core.trust import trusted_block
 from masd.edges.lmtp_replies import Replies, address_refusal
-from masd.readside import rfc3339
+from masd.read.case_views import rfc3339
 from masd.service import Runtime
 
 #: The id a new case would get, shown in its place (the next number is in the store).

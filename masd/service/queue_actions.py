@@ -28,11 +28,11 @@ from typing import Any, Final
 
 from masd.core.errors import MasdError
 from masd.core.event import decode_words, parse_headers
-from masd.readside import rfc3339
+from masd.read.case_views import rfc3339
 from masd.service import NO_WAKES, Runtime, Wakes, outbox_failed
 from masd.store import Tx, append_thread
-from masd.store import queue as rows
-from masd.store.queue import QueueRow
+from masd.store import queue_rows as rows
+from masd.store.queue_rows import QueueRow
 
 #: The detail of a dropped item, in its ``delivery.failed`` entry and as its last error.
 DROPPED: Final = "dropped by the operator"

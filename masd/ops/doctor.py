@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from masd.config import Config, Listen, TcpListen, UnixListen
 from masd.core.trust import split_resinfo, strip_comments
 from masd.metrics import Metrics
-from masd.store.doctor import DoctorStoreError, RecentMessage, check_writable, recent_messages
+from masd.store.probe import DoctorStoreError, RecentMessage, check_writable, recent_messages
 
 log = logging.getLogger("masd.trust")
 

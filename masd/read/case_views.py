@@ -3,11 +3,11 @@
 Every function taking a store handle runs inside one store read job
 (``await store.read(lambda tx: case_json(tx, key))``), so what it returns is
 one consistent snapshot; the rows come from :mod:`masd.store.reads` and
-:mod:`masd.store.feed`.  The JSON documents are exactly the bodies of
+:mod:`masd.store.entries`.  The JSON documents are exactly the bodies of
 ``GET /mas/v0.1/cases/{key}``, ``GET /mas/v0.1/cases/{key}/thread`` and
 ``GET /mas/v0.1/cases``; :func:`format_case` and :func:`format_cases` render
 the same for an operator (``masd case show``, ``masd case list``).  The event
-feed is :mod:`masd.feed`.
+feed is :mod:`masd.read.feed`.
 
 Times: the store keeps epoch seconds; here they become RFC 3339 UTC strings
 with ``Z`` (second precision; the per-case ``seq`` orders entries).
@@ -33,8 +33,8 @@ from typing import Any, Final
 from masd.core.address import case_ref
 from masd.core.errors import AddressError
 from masd.store import Tx, cases, reads
-from masd.store.feed import Delivery, EntryRow, ListedCase, case_entries, keys_with_id
-from masd.store.feed import cases as case_rows
+from masd.store.entries import Delivery, EntryRow, ListedCase, case_entries, keys_with_id
+from masd.store.entries import cases as case_rows
 
 #: ``limit`` of a thread page: default and largest (docs/protocol.md §16 read side).
 DEFAULT_LIMIT: Final = 100

@@ -17,10 +17,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from masd.cli_common import CONFIG, DEFAULT_CONFIG, load
+from masd.cli.common import CONFIG, DEFAULT_CONFIG, load
 
 if TYPE_CHECKING:
-    from masd.admin_client import Answer
+    from masd.cli.admin_client import Answer
     from masd.config import Config
     from masd.store import Store
 
@@ -44,7 +44,7 @@ def _one_case(store: Store, name: str) -> str:
     """The key of the one case ``name`` names (address, key or id), or exit 1 saying why."""
     from masd.core.address import parse_address
     from masd.core.errors import AddressError
-    from masd.readside import keys_named
+    from masd.read.case_views import keys_named
 
     if "@" in name:
         try:
@@ -89,7 +89,7 @@ def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
     CASE is the case's address or key in any spelling (ticket=GS-1@help.example),
     or its id alone (gs-1) when one case has it.
     """
-    from masd.readside import case_json, format_case, thread_json
+    from masd.read.case_views import case_json, format_case, thread_json
 
     with _read_store(load(config_file)) as store:
         key = _one_case(store, case_name)
@@ -131,7 +131,7 @@ def case_list(
     The same filters as GET /mas/v0.1/cases (docs/protocol.md §16.4). When
     more cases follow, the last line gives the --after of the next page.
     """
-    from masd.readside import CaseFilter, cases_json, format_cases, parse_case_cursor
+    from masd.read.case_views import CaseFilter, cases_json, format_cases, parse_case_cursor
 
     config = load(config_file)
     pos = None if after is None else parse_case_cursor(after)
@@ -172,7 +172,7 @@ def tail(config_file: Path, count: int, follow: bool, case_name: str | None, as_
     An event is a thread entry of any case (docs/protocol.md §16.5): time,
     case, kind and what happened. Ctrl-C ends --follow.
     """
-    from masd.feed import latest, page, parse_cursor
+    from masd.read.feed import latest, page, parse_cursor
 
     with _read_store(load(config_file)) as store:
         key = None if case_name is None else _one_case(store, case_name)
@@ -193,7 +193,7 @@ def tail(config_file: Path, count: int, follow: bool, case_name: str | None, as_
 
 
 def _print_events(events: list[dict[str, Any]], as_json: bool) -> None:
-    from masd.readside import format_event
+    from masd.read.case_views import format_event
 
     for event in events:
         line = json.dumps(event, ensure_ascii=False) if as_json else format_event(event)
@@ -242,7 +242,7 @@ def queue_list(config_file: Path | None, limit: int = 100, as_json: bool = False
     Each item: id, state, attempts, when queued, next try, case, what it is
     and where it goes; its last error on the line below.
     """
-    from masd.queue import format_items, listing
+    from masd.service.queue_actions import format_items, listing
 
     with _read_store(_queue_config(config_file)) as store:
         doc = store.read_sync(lambda db: listing(db, limit))
@@ -276,7 +276,7 @@ def queue_drop(config_file: Path | None, item_id: int) -> None:
 
 
 def _change(config: Config, what: str, item_id: int | None) -> None:
-    from masd.admin_client import AdminError, NotRunning, call
+    from masd.cli.admin_client import AdminError, NotRunning, call
 
     path = f"{OUTBOX_PATH}/retry" if item_id is None else f"{OUTBOX_PATH}/{item_id}/{what}"
     try:
@@ -308,10 +308,10 @@ def _change_in_store(config: Config, what: str, item_id: int | None) -> Answer:
     """The change of :func:`_change` as one job on the store (no masd running)."""
     import secrets
 
-    from masd import queue as q
-    from masd.admin_client import Answer
+    from masd.cli.admin_client import Answer
     from masd.clock import Clock
     from masd.service import Runtime
+    from masd.service import queue_actions as q
 
     rt, now = Runtime(config, lambda: secrets.token_hex(16)), Clock().now()
     with _read_store(config) as store:
@@ -348,8 +348,8 @@ def explain(
     Delivered-To, X-Original-To, To or Cc address at a configured domain.
     """
     from masd.clock import Clock
-    from masd.explain import default_recipient, format_explained
-    from masd.explain import explain as run
+    from masd.ops.explain import default_recipient, format_explained
+    from masd.ops.explain import explain as run
 
     config = load(config_file)
     raw = file.read()

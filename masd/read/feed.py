@@ -1,7 +1,7 @@
 """The event feed: every thread entry of every case, in commit order (docs/protocol.md §16.5).
 
 An event is one thread entry with its case's address and key and a cursor.
-The cursor is ``e`` and the entry's ``pos`` (:mod:`masd.store.feed`): the
+The cursor is ``e`` and the entry's ``pos`` (:mod:`masd.store.entries`): the
 place it took in commit order across all cases.  One writer commits whole
 batches, so a reader that sees an entry also sees every entry before it;
 a client that resumes after the last cursor it saw therefore misses nothing
@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from masd.readside import row_json
+from masd.read.case_views import row_json
 from masd.store import Store, Tx
-from masd.store.feed import EntryRow, events, last_events, last_pos
+from masd.store.entries import EntryRow, events, last_events, last_pos
 
 #: ``limit`` of a page of events: default and largest.
 DEFAULT_EVENTS: Final = 100

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 
 from masd import __version__
-from masd.cli_common import CONFIG as _CONFIG
-from masd.cli_common import load as _load
-from masd.cli_watch import case, explain, queue, tail
+from masd.cli.common import CONFIG as _CONFIG
+from masd.cli.common import load as _load
+from masd.cli.watch import case, explain, queue, tail
 from masd.config import format_summary
 from masd.core.errors import MasdError
 
@@ -111,7 +111,7 @@ def doctor(config_file: Path, messages: int) -> None:
 
     One line per check ("ok" or "FAIL", what, why); exit 1 when any failed.
     """
-    from masd.doctor import diagnose, report
+    from masd.ops.doctor import diagnose, report
 
     text, ok = report(diagnose(_load(config_file), messages=messages))
     click.echo(text)

@@ -1,0 +1,1 @@
+"""What an operator checks and asks: ``masd doctor`` and ``masd explain``."""
