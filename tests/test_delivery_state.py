@@ -16,7 +16,8 @@ from typing import Any
 from support.http import deliver, write_config
 
 from masd.config import load_config
-from masd.read.case_views import rfc3339, thread_json
+from masd.core.times import rfc3339
+from masd.read.case_views import thread_json
 from masd.service import (
     DONE_OUTBOX_KEPT,
     Runtime,

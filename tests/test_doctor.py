@@ -28,10 +28,8 @@ from support.masd_process import (
 from masd.config import TcpListen, UnixListen, load_config
 from masd.metrics import Metrics
 from masd.ops.doctor import (
-    WINDOW,
     Finding,
     TrustSummary,
-    TrustWatch,
     authserv_ids,
     check_accepts,
     check_dkim,
@@ -40,6 +38,7 @@ from masd.ops.doctor import (
     report,
     trust_finding,
 )
+from masd.service.trust_watch import WINDOW, TrustWatch
 from masd.testing.lmtpclient import LmtpConnection
 from masd.testing.peers import FakePeer, SmtpSink
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from masd.core.comments import _strip_comments_scan
 from masd.core.event import (
     ParsedMail,
     _first_of,
@@ -35,7 +36,6 @@ from masd.core.event import (
 from masd.core.trust import (
     TrustSettings,
     _split_resinfo_scan,
-    _strip_comments_scan,
     read_auth,
     read_automation,
     split_resinfo,

@@ -24,6 +24,7 @@ from support.http import (
     status_message,
 )
 
+from masd.cli.text import format_case
 from masd.config import UnixListen
 from masd.edges.http import MAX_BODY, REPLIES
 from masd.read import case_views as readside
@@ -787,7 +788,7 @@ def test_readside_functions_and_operator_text(tmp_path: Path) -> None:
             is None
         )
         assert await r.store.read(lambda db: readside.thread_json(db, "nonsense", 0, 10)) is None
-        text = readside.format_case(case, thread)
+        text = format_case(case, thread)
         lines = text.splitlines()
         assert lines[0].startswith(f"case {key}")
         assert any(hid in line and "negotiating" in line for line in lines)

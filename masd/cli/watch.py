@@ -89,7 +89,8 @@ def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
     CASE is the case's address or key in any spelling (ticket=GS-1@help.example),
     or its id alone (gs-1) when one case has it.
     """
-    from masd.read.case_views import case_json, format_case, thread_json
+    from masd.cli.text import format_case
+    from masd.read.case_views import case_json, thread_json
 
     with _read_store(load(config_file)) as store:
         key = _one_case(store, case_name)
@@ -131,7 +132,8 @@ def case_list(
     The same filters as GET /mas/v0.1/cases (docs/protocol.md §16.4). When
     more cases follow, the last line gives the --after of the next page.
     """
-    from masd.read.case_views import CaseFilter, cases_json, format_cases, parse_case_cursor
+    from masd.cli.text import format_cases
+    from masd.read.case_views import CaseFilter, cases_json, parse_case_cursor
 
     config = load(config_file)
     pos = None if after is None else parse_case_cursor(after)
@@ -193,7 +195,7 @@ def tail(config_file: Path, count: int, follow: bool, case_name: str | None, as_
 
 
 def _print_events(events: list[dict[str, Any]], as_json: bool) -> None:
-    from masd.read.case_views import format_event
+    from masd.cli.text import format_event
 
     for event in events:
         line = json.dumps(event, ensure_ascii=False) if as_json else format_event(event)
@@ -242,7 +244,8 @@ def queue_list(config_file: Path | None, limit: int = 100, as_json: bool = False
     Each item: id, state, attempts, when queued, next try, case, what it is
     and where it goes; its last error on the line below.
     """
-    from masd.service.queue_actions import format_items, listing
+    from masd.cli.text import format_items
+    from masd.read.queue_items import listing
 
     with _read_store(_queue_config(config_file)) as store:
         doc = store.read_sync(lambda db: listing(db, limit))
@@ -310,6 +313,7 @@ def _change_in_store(config: Config, what: str, item_id: int | None) -> Answer:
 
     from masd.cli.admin_client import Answer
     from masd.clock import Clock
+    from masd.read.queue_items import item_json
     from masd.service import Runtime
     from masd.service import queue_actions as q
 
@@ -323,7 +327,7 @@ def _change_in_store(config: Config, what: str, item_id: int | None) -> Answer:
             done = store.write_sync(lambda tx: job(rt, tx, item_id, now))
         except q.QueueError as exc:
             return Answer(exc.status, {"ok": False, "error": exc.code, "detail": exc.detail})
-    return Answer(200, {"ok": True, "item": done.item})
+    return Answer(200, {"ok": True, "item": item_json(done.row)})
 
 
 # --------------------------------------------------------------------------- masd explain

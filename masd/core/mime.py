@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
-from masd.core.trust import strip_comments
+from masd.core.comments import strip_comments
 
 __all__ = [
     "MAX_CONTENT_TYPE",

@@ -8,15 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from masd.read.case_views import (
-    MAX_LIMIT,
-    case_json,
-    format_case,
-    list_cases,
-    open_work,
-    thread_json,
-)
-from masd.store import Tx
+from masd.cli.text import format_case
+from masd.read.case_views import MAX_LIMIT, case_json, open_work, thread_json
+from masd.store import Tx, reads
 
 __all__ = [
     "case_pages",
@@ -33,7 +27,7 @@ _CASES = 1000
 
 def _cases(db: Tx, role: str | None) -> list[dict[str, Any]]:
     """The cases in the order they were opened (of ``role``, or all)."""
-    found = reversed(list_cases(db, limit=_CASES))
+    found = reversed(reads.latest_cases(db, _CASES, None))
     return [c for c in found if role is None or c["role"] == role]
 
 

@@ -7,7 +7,8 @@ All need the admin secret (:meth:`masd.edges.http.HttpEdge.admin_refusal`):
   optional long poll (``wait``), or as Server-Sent Events when the client
   accepts ``text/event-stream`` (resuming from ``Last-Event-ID``);
 - ``GET /mas/v0.1/admin/outbox`` and ``POST .../retry``, ``.../{id}/retry``,
-  ``.../{id}/drop``: the outbound queue (:mod:`masd.service.queue_actions`).  Each change is
+  ``.../{id}/drop``: the outbound queue (:mod:`masd.read.queue_items`,
+  :mod:`masd.service.queue_actions`).  Each change is
   one store job; once it has committed the outbox is woken, so a retried
   item goes out now.
 
@@ -26,7 +27,7 @@ from aiohttp import hdrs, web
 
 from masd.edges.http import HttpEdge, int_param, refusal
 from masd.read import case_views as readside
-from masd.read import feed
+from masd.read import feed, queue_items
 from masd.service import Runtime
 from masd.service import queue_actions as queue
 from masd.store import StoreError, Tx
@@ -173,10 +174,10 @@ class ReadRoutes:
     async def outbox(self, request: web.Request) -> web.StreamResponse:
         if (denied := self.edge.admin_refusal(request)) is not None:
             return denied
-        limit = _int(request, "limit", queue.DEFAULT_ITEMS, 1, queue.MAX_ITEMS)
+        limit = _int(request, "limit", queue_items.DEFAULT_ITEMS, 1, queue_items.MAX_ITEMS)
         if isinstance(limit, web.Response):
             return limit
-        return await self._read(lambda tx: queue.listing(tx, limit))
+        return await self._read(lambda tx: queue_items.listing(tx, limit))
 
     async def retry_waiting(self, request: web.Request) -> web.StreamResponse:
         if (denied := self.edge.admin_refusal(request)) is not None:
@@ -207,10 +208,9 @@ class ReadRoutes:
         except StoreError as exc:
             return _unavailable(exc)
         self.edge.on_commit.committed(done.wakes)
-        log.info(
-            "queue %s id=%s remote=%s state=%s", what, item_id, request.remote, done.item["state"]
-        )
-        return web.json_response({"ok": True, "item": done.item})
+        item = queue_items.item_json(done.row)
+        log.info("queue %s id=%s remote=%s state=%s", what, item_id, request.remote, item["state"])
+        return web.json_response({"ok": True, "item": item})
 
     # ------------------------------------------------------------------ plumbing
 

@@ -26,7 +26,7 @@ from typing import Final
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from masd import service
-from masd.config import Listen
+from masd.config import Config, Listen
 from masd.core.address import Address, parse_address
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
@@ -42,8 +42,8 @@ from masd.edges.lmtp_replies import (
 )
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
-from masd.ops.doctor import TrustWatch
 from masd.service import Runtime, UnknownCase
+from masd.service.trust_watch import TrustWatch
 from masd.store import Store, StoreError
 
 __all__ = [
@@ -57,11 +57,13 @@ __all__ = [
     "RecipientReplies",
     "Replies",
     "ReplyCode",
+    "check_address",
     "check_recipient",
     "new_message_ref",
     "plain_path",
     "read_data",
     "received_at",
+    "size_refusal",
     "start_lmtp",
 ]
 
@@ -308,24 +310,42 @@ class LmtpHandler:
             await asyncio.gather(*self._inflight, return_exceptions=True)
 
 
+def check_address(config: Config, rcpt: str) -> tuple[ReplyCode, str, Address | None]:
+    """What the configuration alone says of ``rcpt`` at RCPT (docs/protocol.md §3).
+
+    The reply (``RECIPIENT_OK`` when the address parses and its type is
+    configured), its text, and the address once it parsed.  Whether a case
+    address names a case is the store's to say (:func:`check_recipient`);
+    ``masd explain`` asks this, so its verdict is the listener's.
+    """
+    if _undecodable(rcpt):
+        return Replies.BAD_ADDRESS, f"address: {rcpt!r} is not UTF-8", None
+    try:
+        addr = parse_address(
+            rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
+        )
+    except AddressError as exc:
+        return address_refusal(exc), exc.detail, None
+    if config.type_for(addr.domain, addr.type) is None:
+        return Replies.UNKNOWN_TYPE, f"type: no type {addr.type!r} at {addr.domain}", addr
+    return Replies.RECIPIENT_OK, f"{addr.canonical} ok", addr
+
+
+def size_refusal(size: int, limit: int) -> str | None:
+    """The refusal's text for a message of ``size`` octets over ``limit``
+    (``server.max_message_bytes``; answered ``552 5.3.4``), or None."""
+    return f"message over {limit} octets (server.max_message_bytes)" if size > limit else None
+
+
 async def check_recipient(rt: Runtime, store: Store, rcpt: str) -> tuple[ReplyCode, str]:
     """docs/protocol.md §3 at RCPT: would a mail to ``rcpt`` be recorded?  Never raises.
 
     The reply masd gives at LMTP RCPT, and the one the policy listener turns
     into a Postfix access action, so both refuse the same recipients.
     """
-    if _undecodable(rcpt):
-        return Replies.BAD_ADDRESS, f"address: {rcpt!r} is not UTF-8"
-    config = rt.config
-    try:
-        addr = parse_address(
-            rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
-        )
-    except AddressError as exc:
-        return address_refusal(exc), exc.detail
-    typ = config.type_for(addr.domain, addr.type)
-    if typ is None:
-        return Replies.UNKNOWN_TYPE, f"type: no type {addr.type!r} at {addr.domain}"
+    reply, text, addr = check_address(rt.config, rcpt)
+    if reply is not Replies.RECIPIENT_OK or addr is None:
+        return reply, text
     if addr.kind == "resource":
         try:
             exists = await store.read(lambda db: service.case_exists(db, addr.key))

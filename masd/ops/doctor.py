@@ -11,17 +11,12 @@
 - the SMTP relay greets, every peer (mode endpoints, masters, webhooks)
   accepts a connection.
 
-:class:`TrustWatch` is the running counterpart: the LMTP edge tells it each
-recorded message's verdict; it counts ``masd_messages_total`` by outcome and
-logs a warning when the last :data:`WINDOW` messages carried no trusted
-result.
+Its running counterpart is :class:`masd.service.trust_watch.TrustWatch`,
+which warns while recent mail carries no trusted result.
 """
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
-import logging
 import socket
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -30,15 +25,12 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from masd.config import Config, Listen, TcpListen, UnixListen
-from masd.core.trust import split_resinfo, strip_comments
-from masd.metrics import Metrics
+from masd.core.comments import strip_comments
+from masd.core.mime import parse_headers
+from masd.core.trust import split_resinfo
+from masd.service.trust_watch import WINDOW
 from masd.store.probe import DoctorStoreError, RecentMessage, check_writable, recent_messages
 
-log = logging.getLogger("masd.trust")
-
-#: Messages in a row without a trusted result before the log warns.
-WINDOW: Final = 100
-METRIC: Final = "masd_messages_total"
 #: Bound of every connection the doctor makes.
 TIMEOUT: Final = 3.0
 
@@ -58,10 +50,11 @@ class Finding:
 
 def authserv_ids(head: bytes) -> list[str]:
     """The authserv-id of every Authentication-Results header in ``head``, top down."""
-    parser = email.parser.BytesHeaderParser(policy=email.policy.compat32)
     ids = []
-    for value in parser.parsebytes(head).get_all("Authentication-Results") or []:
-        words = strip_comments(split_resinfo(" ".join(str(value).split()))[0]).split()
+    for name, value in parse_headers(head):
+        if name.lower() != "authentication-results":
+            continue
+        words = strip_comments(split_resinfo(" ".join(value.split()))[0]).split()
         if words:
             ids.append(words[0].lower().rstrip("."))
     return ids
@@ -110,30 +103,6 @@ def trust_finding(summary: TrustSummary, trusted_ids: Sequence[str]) -> Finding:
     else:
         hint += "; does a DMARC verifier run in front of masd?"
     return Finding(False, what, f"{text}: {hint}")
-
-
-class TrustWatch:
-    """Counts recorded messages by trust outcome; warns on a run of untrusted ones."""
-
-    def __init__(self, metrics: Metrics, trusted_ids: Sequence[str]) -> None:
-        self.metrics = metrics
-        self.trusted_ids = tuple(trusted_ids)
-        self.untrusted_run = 0
-
-    def observe(self, dmarc: str) -> None:
-        """One recorded message's verdict (``auth.dmarc``; ``absent``: no trusted A-R)."""
-        self.metrics.inc(METRIC, trust=dmarc)
-        if dmarc != "absent":
-            self.untrusted_run = 0
-            return
-        self.untrusted_run += 1
-        if self.untrusted_run % WINDOW == 0:
-            log.warning(
-                "the last %d messages carried no trusted Authentication-Results "
-                "(server.trusted_authserv_ids = %s): none can pass DMARC; run masd doctor",
-                self.untrusted_run,
-                ", ".join(self.trusted_ids) or "[]",
-            )
 
 
 # --------------------------------------------------------------------------- reachability

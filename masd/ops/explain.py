@@ -1,7 +1,8 @@
 """What masd would do with one mail, without doing it (``masd explain FILE.eml``).
 
 A dry run of one LMTP delivery through the same pure functions a real one
-goes through: the recipient parsed (:func:`masd.core.address.parse_address`),
+goes through: the recipient checked as the LMTP listener checks it
+(:func:`masd.edges.lmtp.check_address`, :func:`masd.edges.lmtp.size_refusal`),
 the mail read with its trust verdicts (:func:`masd.core.event.build_event`,
 :func:`masd.core.trust.trusted_block`), the role engine's effects
 (:func:`masd.core.engine.master_mail`, :mod:`masd.core.slave`), and each send
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from masd.config import Config
-from masd.core.address import Address, parse_address
+from masd.core.address import Address
 from masd.core.engine import (
     CaseView,
     CreateCase,
@@ -33,13 +34,13 @@ from masd.core.engine import (
     Thread,
     master_mail,
 )
-from masd.core.errors import AddressError
 from masd.core.event import ParsedMail, build_event, parse_headers
 from masd.core.principle10 import Caps, Counts, Recipient, decide_send
 from masd.core.slave import slave_intake, slave_mail
+from masd.core.times import rfc3339
 from masd.core.trust import trusted_block
-from masd.edges.lmtp_replies import Replies, address_refusal
-from masd.read.case_views import rfc3339
+from masd.edges.lmtp import check_address, size_refusal
+from masd.edges.lmtp_replies import Replies
 from masd.service import Runtime
 
 #: The id a new case would get, shown in its place (the next number is in the store).
@@ -95,21 +96,17 @@ def explain(
 ) -> Explained:
     """Explain the delivery of ``raw`` to ``rcpt`` (envelope sender ``mail_from``,
     by default the mail's From)."""
-    server = config.server
     shown: dict[str, Any] = {"address": rcpt}
-    try:
-        addr = parse_address(rcpt, delimiter=server.recipient_delimiter, domains=config.domains)
-    except AddressError as exc:
-        return Explained(shown, address_refusal(exc).line(exc.detail))
-    shown.update(_parsed(addr))
-    typ = config.type_for(addr.domain, addr.type)
-    if typ is None:
-        refused = Replies.UNKNOWN_TYPE.line(f"type: no type {addr.type!r} at {addr.domain}")
-        return Explained(shown, refused)
+    reply, text, addr = check_address(config, rcpt)
+    if addr is not None:
+        shown.update(_parsed(addr))
+    typ = None if addr is None else config.type_for(addr.domain, addr.type)
+    if reply is not Replies.RECIPIENT_OK or addr is None or typ is None:
+        return Explained(shown, reply.line(text))
     shown["role"] = typ.role
-    if len(raw) > server.max_message_bytes:
-        line = f"message: {len(raw)} bytes, over server.max_message_bytes"
-        return Explained(shown, Replies.TOO_BIG.line(line))
+    too_big = size_refusal(len(raw), config.server.max_message_bytes)
+    if too_big is not None:
+        return Explained(shown, Replies.TOO_BIG.line(too_big))
     rt = Runtime(config, new_id=lambda: FRESH)
     mail = build_event(
         raw,

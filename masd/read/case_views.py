@@ -1,16 +1,17 @@
-"""The read side: cases, their handoffs and threads as JSON and as text (docs/protocol.md §16).
+"""The read side: cases, their handoffs and threads as JSON (docs/protocol.md §16).
 
 Every function taking a store handle runs inside one store read job
 (``await store.read(lambda tx: case_json(tx, key))``), so what it returns is
 one consistent snapshot; the rows come from :mod:`masd.store.reads` and
 :mod:`masd.store.entries`.  The JSON documents are exactly the bodies of
 ``GET /mas/v0.1/cases/{key}``, ``GET /mas/v0.1/cases/{key}/thread`` and
-``GET /mas/v0.1/cases``; :func:`format_case` and :func:`format_cases` render
-the same for an operator (``masd case show``, ``masd case list``).  The event
-feed is :mod:`masd.read.feed`.
+``GET /mas/v0.1/cases``; :mod:`masd.cli.text` renders the same for an
+operator (``masd case show``, ``masd case list``).  The event feed is
+:mod:`masd.read.feed`.
 
 Times: the store keeps epoch seconds; here they become RFC 3339 UTC strings
-with ``Z`` (second precision; the per-case ``seq`` orders entries).
+with ``Z`` (second precision, :func:`masd.core.times.rfc3339`; the per-case
+``seq`` orders entries).
 
 Thread entries are flat: ``{"seq", "kind", "at", ...data}``.  A data field
 whose name is one of ``seq``, ``kind`` or ``at`` is prefixed with the
@@ -24,14 +25,13 @@ when the entry is read (:func:`delivery_json`).
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from masd.core.address import case_ref
 from masd.core.errors import AddressError
+from masd.core.times import rfc3339
 from masd.store import Tx, cases, reads
 from masd.store.entries import Delivery, EntryRow, ListedCase, case_entries, keys_with_id
 from masd.store.entries import cases as case_rows
@@ -47,13 +47,6 @@ CASE_STATES: Final = ("open", "closed")
 _CASE_CURSOR: Final = "c"
 
 _ENTRY_KEYS: Final = ("seq", "kind", "at")
-
-
-def rfc3339(ts: float | None) -> str | None:
-    """Epoch seconds as ``YYYY-MM-DDTHH:MM:SSZ`` (None stays None)."""
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(float(ts), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def normalize_key(text: str) -> str:
@@ -260,33 +253,6 @@ def cases_json(
     }
 
 
-def list_cases(
-    tx: Tx, limit: int = DEFAULT_LIMIT, domain: str | None = None
-) -> list[dict[str, Any]]:
-    """The cases most recently opened first, each with its latest handoff (or None).
-
-    (The case list of the API and ``masd case list`` is :func:`cases_json`,
-    by latest activity.)
-    """
-    rows = reads.latest_cases(tx, max(1, limit), domain.lower() if domain else None)
-    return [
-        {
-            "key": r["key"],
-            "address": r["address"],
-            "domain": r["domain"],
-            "type": r["type"],
-            "role": r["role"],
-            "participant": r["participant"],
-            "created_at": rfc3339(r["created_at"]),
-            "entries": r["thread_seq"],
-            "handoff": None
-            if r["handoff_id"] is None
-            else {"handoff_id": r["handoff_id"], "mode": r["mode"], "status": r["status"]},
-        }
-        for r in rows
-    ]
-
-
 def open_work(tx: Tx) -> dict[str, list[dict[str, Any]]]:
     """What masd has not finished yet, across every case.
 
@@ -297,171 +263,3 @@ def open_work(tx: Tx) -> dict[str, list[dict[str, Any]]]:
     order.  Both lists empty: every flow has settled.
     """
     return {"handoffs": reads.open_handoffs(tx), "outbox": reads.pending_outbox(tx)}
-
-
-# --------------------------------------------------------------------------- text for operators
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _clean(value: object, limit: int = 200) -> str:
-    """One line, control characters shown as ``\\xNN``, cut at ``limit``."""
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _q(value: object, limit: int = 200) -> str:
-    return '"' + _clean(value, limit).replace('"', '\\"') + '"'
-
-
-def _short(handoff_id: object) -> str:
-    return str(handoff_id)[:8]
-
-
-def _pairs(entry: Mapping[str, Any], names: Sequence[str]) -> list[str]:
-    out = []
-    for name in names:
-        value = entry.get(name)
-        if value is None or value == "" or value == []:
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        out.append(f"{name}={_q(value) if name == 'detail' else _clean(value)}")
-    return out
-
-
-def _essentials(e: Mapping[str, Any]) -> list[str]:
-    kind = e.get("kind")
-    if kind == "mail.in":
-        parts = [f"from {_clean(e.get('from') or '(no From)')}", _q(e.get("subject") or "")]
-        parts.append(f"dmarc={_clean(e.get('dmarc'))}")
-        if e.get("automated"):
-            parts.append("automated")
-        if e.get("requested_mode"):
-            parts.append(f"!{_clean(e['requested_mode'])}")
-        return parts
-    if kind == "mail.out":
-        return [
-            f"to {_clean(e.get('to'))}",
-            _q(e.get("subject") or ""),
-            f"({_clean(e.get('purpose'))})",
-            _clean(e.get("message_id") or ""),
-        ]
-    if kind == "mail.refused":
-        parts = [f"reason={_clean(e.get('reason'))}", f"({_clean(e.get('purpose'))})"]
-        if e.get("to"):
-            parts.insert(1, f"to {_clean(e['to'])}")
-        return parts
-    if kind == "status":
-        parts = [
-            f"{_clean(e.get('mode'))} {_short(e.get('handoff_id'))}",
-            _clean(e.get("status")),
-            f"by {_clean(e.get('source'))}",
-        ]
-        if e.get("status_seq") is not None:
-            parts.append(f"seq={e['status_seq']}")
-        return parts + _pairs(e, ("reason", "needs", "status_at", "outcome", "detail"))
-    if kind in ("contract.in", "contract.out"):
-        arrow = "from" if kind == "contract.in" else "to"
-        parts = [_clean(e.get("type")), f"id={_clean(e.get('id'))}"]
-        if e.get("peer"):
-            parts.append(f"{arrow} {_clean(e['peer'])}")
-        if e.get("handoff_id"):
-            parts.append(f"handoff {_short(e['handoff_id'])}")
-        return parts
-    if kind == "delivery.failed":
-        parts = [_clean(e.get("type") or e.get("delivery_kind") or "")]
-        if e.get("id"):
-            parts.append(f"id={_clean(e['id'])}")
-        if e.get("to"):
-            parts.append(f"to {_clean(e['to'])}")
-        return [*parts, _q(e.get("detail") or "")]
-    skip = {"seq", "kind", "at"}
-    return [f"{k}={_clean(v)}" for k, v in e.items() if k not in skip]
-
-
-def format_delivery(d: Mapping[str, Any]) -> str:
-    """``[sent, 1 attempt, 2026-...Z]``, ``[retrying, 3 attempts, next 2026-...Z: error]``."""
-    parts = [_clean(d.get("state"))]
-    attempts = d.get("attempts")
-    if attempts is not None:
-        parts.append(f"{attempts} attempt{'' if attempts == 1 else 's'}")
-    if d.get("next_attempt_at"):
-        parts.append(f"next {d['next_attempt_at']}")
-    if d.get("done_at"):
-        parts.append(str(d["done_at"]))
-    text = ", ".join(parts)
-    if d.get("last_error"):
-        text += f": {_q(d['last_error'], 120)}"
-    return f"[{text}]"
-
-
-def format_entry(entry: Mapping[str, Any]) -> str:
-    """``2026-11-29T19:50:01Z  mail.in      from alice@example.com "Subject" ...``"""
-    parts = [p for p in _essentials(entry) if p]
-    delivery = entry.get("delivery")
-    if isinstance(delivery, Mapping):
-        parts.append(format_delivery(delivery))
-    return f"{entry.get('at')}  {_clean(entry.get('kind')):<15} {'  '.join(parts)}".rstrip()
-
-
-def format_event(event: Mapping[str, Any]) -> str:
-    """``masd tail``: ``2026-11-29T19:50:01Z  ticket=gs-1@help.example  mail.in  from ...``"""
-    entry = event.get("entry") or {}
-    line = format_entry(entry)
-    at = str(entry.get("at"))
-    key = _clean((event.get("case") or {}).get("key"), 100)
-    return f"{at}  {key}  {line[len(at) + 2 :]}" if line.startswith(at) else f"{key}  {line}"
-
-
-#: The columns of ``masd case list``: header and how each row fills it.
-_CASE_COLUMNS: Final = ("KEY", "ROLE", "PARTICIPANT", "OPENED", "LAST ACTIVITY", "OPEN HANDOFF")
-
-
-def format_cases(doc: Mapping[str, Any]) -> str:
-    """``masd case list``: a header row, then one row per case of :func:`cases_json`."""
-    rows = [list(_CASE_COLUMNS)]
-    for c in doc.get("cases") or []:
-        h = c.get("open_handoff")
-        rows.append(
-            [
-                _clean(c.get("key"), 100),
-                _clean(c.get("role")),
-                _clean(c.get("participant") or "-", 100),
-                str(c.get("opened_at")),
-                str(c.get("last_activity_at")),
-                f"{_clean(h['mode'])}:{_clean(h['status'])}" if h else "-",
-            ]
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_CASE_COLUMNS))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def format_case(case: Mapping[str, Any], thread: Mapping[str, Any] | None = None) -> str:
-    """A readable page for an operator: the case, its handoffs, then one line per entry.
-
-    ``case`` is :func:`case_json`'s document (or its inner ``"case"``),
-    ``thread`` :func:`thread_json`'s (entries shown in the order given).
-    """
-    c = case.get("case", case)
-    lines = [
-        f"case {c['address']}  ({c['role']} role, key {c['key']})",
-        f"  participant {c.get('participant') or '(none)'}, opened {c.get('created_at')}",
-    ]
-    if c.get("policy"):
-        lines.append(f"  policy {json.dumps(c['policy'], sort_keys=True)}")
-    handoffs = c.get("handoffs") or []
-    lines.append(f"handoffs ({len(handoffs)}):")
-    for h in handoffs:
-        closed = f", closed {h['closed_at']}" if h.get("closed_at") else ""
-        deadline = f", deadline {h['deadline_at']}" if h.get("deadline_at") else ""
-        seq = f" seq {h['seq']}" if h.get("seq") is not None else ""
-        lines.append(
-            f"  {h['handoff_id']}  {h['mode']}  {h['status']}{seq}"
-            f"  (requested {h.get('requested_at')}{deadline}{closed})"
-        )
-    entries = (thread or {}).get("entries") or []
-    lines.append(f"thread ({len(entries)} entries):")
-    lines.extend(format_entry(e) for e in entries)
-    return "\n".join(lines) + "\n"

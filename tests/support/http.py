@@ -17,12 +17,12 @@ from masd.clock import Clock
 from masd.config import Config, Listen, TcpListen, load_config
 from masd.core.address import parse_address
 from masd.core.event import build_event
+from masd.core.times import rfc3339
 from masd.core.trust import TrustSettings
 from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler
 from masd.metrics import Metrics
-from masd.read.case_views import rfc3339
 from masd.store import Store
 
 TOKENS = {
