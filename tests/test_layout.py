@@ -1,4 +1,5 @@
-"""The shape of masd/: SQL only in the store, no module over 800 lines, no function over 60.
+"""The shape of masd/: SQL only in the store, no module over 600 lines, no function over 60,
+at most 8 modules directly in masd/.
 
 Each rule walks every module under masd/ and names, per module, what breaks it.
 """
@@ -17,8 +18,13 @@ import masd
 ROOT = Path(masd.__file__).resolve().parent
 STORE = ROOT / "store"
 
-MAX_MODULE_LINES = 800
+MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
+#: Modules directly in masd/ (the rest sit in packages that name their concern).
+MAX_TOP_MODULES = 8
+#: Modules over MAX_MODULE_LINES for now, each to be split: the store's
+#: write/read model is being split into smaller modules.
+OVERSIZED = frozenset({"store/db.py"})
 
 #: A statement of SQL, as a string in a module (the forms masd writes).
 SQL = re.compile(
@@ -63,6 +69,8 @@ def sql_found(path: Path) -> list[str]:
 
 def too_long(path: Path) -> list[str]:
     """Why ``path`` breaks the module-size rule."""
+    if path.is_relative_to(ROOT) and name(path) in OVERSIZED:
+        return []
     lines = len(path.read_text().splitlines())
     return [f"{lines} lines"] if lines > MAX_MODULE_LINES else []
 
@@ -92,6 +100,22 @@ def test_every_module_keeps_the_rule(rule: str) -> None:
     assert broken == {}
 
 
+def top_modules(root: Path) -> list[str]:
+    """The modules directly in ``root`` (not in a package under it)."""
+    return sorted(p.name for p in root.glob("*.py"))
+
+
+def test_few_modules_sit_directly_in_masd() -> None:
+    found = top_modules(ROOT)
+    assert len(found) <= MAX_TOP_MODULES, found
+
+
+def test_every_oversized_exception_is_still_oversized() -> None:
+    # The exception goes once its module is split.
+    lines = {n: len((ROOT / n).read_text().splitlines()) for n in OVERSIZED}
+    assert {n: k for n, k in lines.items() if k <= MAX_MODULE_LINES} == {}
+
+
 def test_the_sql_rule_sees_the_store() -> None:
     # Not vacuous: the store's modules hold the SQL the rule looks for.
     assert len([p for p in STORE.glob("*.py") if SQL.search(p.read_text())]) >= 5
@@ -114,3 +138,8 @@ def test_the_rules_can_fail(tmp_path: Path) -> None:
     good = tmp_path / "good.py"
     good.write_text("'''Select a case from the list.'''\ndef f() -> None:\n    pass\n")
     assert (sql_found(good), too_long(good), long_functions(good)) == ([], [], [])
+    crowded = tmp_path / "crowded"
+    crowded.mkdir()
+    for i in range(MAX_TOP_MODULES + 1):
+        (crowded / f"m{i}.py").write_text("")
+    assert len(top_modules(crowded)) > MAX_TOP_MODULES
