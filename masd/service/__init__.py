@@ -12,10 +12,16 @@ commit together.  One module per input:
 - :mod:`~masd.service.deadlines`: a handoff's deadline (:func:`fire_deadline`);
 - :mod:`~masd.service.outbox`: what an outbox delivery attempt came to;
 - :mod:`~masd.service.housekeeping`: expired rows (:func:`purge`);
+- :mod:`~masd.service.queue_actions`: an operator's retry or drop of an outbox item;
 
 and :mod:`~masd.service.apply`, the one place effects are carried out, which
 returns what it applied.  Principle 10 (docs/protocol.md §4.4) is enforced there, in
 the one function every outbound mail passes through.
+
+Beside them, :mod:`~masd.service.runtime` (the configuration as the service
+reads it), :mod:`~masd.service.peer_directory` (peers and whom a secret names)
+and :mod:`~masd.service.trust_watch` (the running watch on recorded mail's
+trust verdicts).
 """
 
 from masd.service.apply import Applied, Recorded, apply

@@ -11,8 +11,10 @@ passes to the functions of one module per aggregate:
 - :mod:`~masd.store.handoffs`: handoffs, statuses, deadlines;
 - :mod:`~masd.store.outbox`: what waits to go out;
 - :mod:`~masd.store.idempotency`: answers kept per (peer, id);
-- :mod:`~masd.store.purge`, :mod:`~masd.store.gauges`, :mod:`~masd.store.reads`:
-  housekeeping, ``/metrics`` and the read side.
+- :mod:`~masd.store.purge`, :mod:`~masd.store.gauges`, :mod:`~masd.store.reads`,
+  :mod:`~masd.store.entries`: housekeeping, ``/metrics`` and the read side;
+- :mod:`~masd.store.queue_rows`: the outbox as an operator lists and steers it;
+- :mod:`~masd.store.probe`: what ``masd doctor`` reads, on its own connection.
 
 Timestamps in every table are REAL epoch seconds (UTC); JSON columns are TEXT.
 See :mod:`masd.store.schema` for the tables, :mod:`masd.store.db` for the
