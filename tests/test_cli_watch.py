@@ -14,6 +14,8 @@ from support.masd_process import ROOT, WAIT, mx_mail, write_master_config
 from support.watch import ANN, BOB, Watched, watched
 
 from masd.config import load_config
+from masd.edges.lmtp import check_address
+from masd.edges.lmtp_replies import Replies
 from masd.ops.explain import default_recipient, explain
 
 NOW = 1_790_000_000.0
@@ -281,6 +283,22 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
     assert code == 2
     assert "no recipient at a configured domain (help.example); give --rcpt" in err
     assert not store.exists()
+
+
+def test_explain_refuses_as_the_lmtp_listener_does(tmp_path: Path) -> None:
+    """The recipient, type and size checks are the edge's own functions."""
+    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=25)
+    config = load_config(setup.config)
+    _, raw = mx_mail(ANN, "ticket@help.example", subject="Hi")
+    for rcpt in ("ticket@nowhere.example", "nope@help.example", "bad address@help.example"):
+        reply, text, _ = check_address(config, rcpt)
+        assert reply is not Replies.RECIPIENT_OK
+        assert explain(config, raw, rcpt, now=NOW).lmtp == reply.line(text)
+    limit = config.server.max_message_bytes
+    big = raw + b"x" * limit
+    assert explain(config, big, "ticket@help.example", now=NOW).lmtp == (
+        f"552 5.3.4 message over {limit} octets (server.max_message_bytes)"
+    )
 
 
 def test_tail_needs_a_migrated_store(tmp_path: Path) -> None:

@@ -63,7 +63,6 @@ __all__ = [
     "plain_path",
     "read_data",
     "received_at",
-    "size_refusal",
     "start_lmtp",
 ]
 
@@ -329,12 +328,6 @@ def check_address(config: Config, rcpt: str) -> tuple[ReplyCode, str, Address | 
     if config.type_for(addr.domain, addr.type) is None:
         return Replies.UNKNOWN_TYPE, f"type: no type {addr.type!r} at {addr.domain}", addr
     return Replies.RECIPIENT_OK, f"{addr.canonical} ok", addr
-
-
-def size_refusal(size: int, limit: int) -> str | None:
-    """The refusal's text for a message of ``size`` octets over ``limit``
-    (``server.max_message_bytes``; answered ``552 5.3.4``), or None."""
-    return f"message over {limit} octets (server.max_message_bytes)" if size > limit else None
 
 
 async def check_recipient(rt: Runtime, store: Store, rcpt: str) -> tuple[ReplyCode, str]:

@@ -51,6 +51,12 @@ def address_refusal(exc: AddressError) -> ReplyCode:
     return Replies.UNKNOWN_DOMAIN if exc.code == "unknown-domain" else Replies.BAD_ADDRESS
 
 
+def size_refusal(size: int, limit: int) -> str | None:
+    """The refusal's text for a message of ``size`` octets over ``limit``
+    (``server.max_message_bytes``; answered :data:`Replies.TOO_BIG`), or None."""
+    return f"message over {limit} octets (server.max_message_bytes)" if size > limit else None
+
+
 _PRINTABLE: Final = re.compile(r"[ -~]*")
 
 

@@ -2,7 +2,7 @@
 
 A dry run of one LMTP delivery through the same pure functions a real one
 goes through: the recipient checked as the LMTP listener checks it
-(:func:`masd.edges.lmtp.check_address`, :func:`masd.edges.lmtp.size_refusal`),
+(:func:`masd.edges.lmtp.check_address`, :func:`masd.edges.lmtp_replies.size_refusal`),
 the mail read with its trust verdicts (:func:`masd.core.event.build_event`,
 :func:`masd.core.trust.trusted_block`), the role engine's effects
 (:func:`masd.core.engine.master_mail`, :mod:`masd.core.slave`), and each send
@@ -39,8 +39,8 @@ from masd.core.principle10 import Caps, Counts, Recipient, decide_send
 from masd.core.slave import slave_intake, slave_mail
 from masd.core.times import rfc3339
 from masd.core.trust import trusted_block
-from masd.edges.lmtp import check_address, size_refusal
-from masd.edges.lmtp_replies import Replies
+from masd.edges.lmtp import check_address
+from masd.edges.lmtp_replies import Replies, size_refusal
 from masd.service import Runtime
 
 #: The id a new case would get, shown in its place (the next number is in the store).
