@@ -1,0 +1,112 @@
+"""``GET /mas/v0.1/events``: the event feed (docs/protocol.md §16.5, :mod:`masd.feed`).
+
+As JSON with an optional long poll (``wait``), or as Server-Sent Events when
+the client accepts ``text/event-stream`` (resuming from ``Last-Event-ID``).
+A stream ends when masd stops (the edge closes the feed's watch); the client
+resumes from the last ``id`` it saw.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Final
+
+from aiohttp import hdrs, web
+
+from masd import feed, readside
+from masd.edges.http.shared import (
+    EVENTS_PATH,
+    Route,
+    Served,
+    admin_refusal,
+    bad,
+    int_or_refusal,
+    refusal,
+    show,
+)
+from masd.store import StoreError
+
+log = logging.getLogger("masd.http")
+
+#: Seconds of silence after which a stream sends a keep-alive comment.
+KEEPALIVE_SECONDS: Final = 15.0
+SSE_HEADERS: Final = {
+    hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8",
+    hdrs.CACHE_CONTROL: "no-cache",
+    "X-Accel-Buffering": "no",  # a proxy in front must not hold events back
+}
+
+
+async def events(request: web.Request, edge: Served) -> web.StreamResponse:
+    if (denied := admin_refusal(edge.rt, request)) is not None:
+        return denied
+    streaming = "text/event-stream" in request.headers.get(hdrs.ACCEPT, "")
+    text = request.query.get("after")
+    if streaming and hdrs.LAST_EVENT_ID in request.headers:
+        text = request.headers[hdrs.LAST_EVENT_ID]  # a reconnecting client resumes there
+    after = 0 if text is None else feed.parse_cursor(text)
+    if after is None:
+        return bad("after", f"{show(text)} is not a cursor of the event feed")
+    limit = int_or_refusal(request, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
+    wait = int_or_refusal(request, "wait", 0, 0, feed.MAX_WAIT)
+    if isinstance(limit, web.Response):
+        return limit
+    if isinstance(wait, web.Response):
+        return wait
+    case_key = await _case_key(edge, request.query.get("case"))
+    if isinstance(case_key, web.Response):
+        return case_key
+    try:
+        first = await edge.store.read(
+            functools.partial(feed.page, after=after, limit=limit, case_key=case_key)
+        )
+        if not first.events and not first.ahead and wait > 0 and not streaming:
+            first = await feed.follow(
+                edge.store, edge.feed, after, limit=limit, case_key=case_key, wait=wait
+            )
+    except StoreError as exc:
+        return refusal("unavailable", f"store: {exc.detail}")
+    if first.ahead:
+        return bad(
+            "after",
+            f"{text} is past the latest event of this store (was it restored from a "
+            "backup?); start again without after",
+        )
+    if not streaming:
+        return web.json_response(first.json())
+    return await _stream(request, edge, first, case_key)
+
+
+async def _case_key(edge: Served, text: str | None) -> str | web.Response | None:
+    """The key of the case ``case=`` names (address, key or an id only one case has)."""
+    if text is None:
+        return None
+    try:
+        keys = await edge.store.read(lambda tx: readside.keys_named(tx, text))
+    except StoreError as exc:
+        return refusal("unavailable", f"store: {exc.detail}")
+    if len(keys) > 1:
+        return bad("case", f"{show(text)} is the id of {len(keys)} cases; give the address")
+    return keys[0] if keys else refusal("unknown-case", f"case: no case {text}")
+
+
+async def _stream(
+    request: web.Request, edge: Served, first: feed.Page, case_key: str | None
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    after = feed.parse_cursor(first.next) or 0
+    log.info("feed stream remote=%s after=%s case=%s", request.remote, first.next, case_key)
+    try:
+        if first.events:
+            await response.write(feed.sse(first))
+        pages = feed.stream(edge.store, edge.feed, after, case_key=case_key, idle=KEEPALIVE_SECONDS)
+        async for found in pages:
+            await response.write(feed.sse(found))
+    except (ConnectionError, StoreError) as exc:  # the client left, or the store failed
+        log.info("feed stream ended remote=%s: %s", request.remote, exc)
+    return response
+
+
+ROUTES: Final = (Route("GET", EVENTS_PATH, events, "admin"),)

@@ -1,0 +1,181 @@
+"""What every route of the HTTP listener shares: its paths, the reply table, refusals, query
+parameters, and the table a route declares itself in (docs/protocol.md §9, §16).
+
+A route module holds its handlers and a :class:`Route` for each; :mod:`masd.edges.http.edge`
+puts them on the application.  Nothing here imports a route.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final, Literal
+
+from aiohttp import hdrs, web
+
+from masd.clock import Clock
+from masd.edges.context import EdgeContext
+from masd.feed import FeedWatch
+from masd.metrics import Metrics
+from masd.service import CommitListener, Runtime
+from masd.store import Store
+
+# ------------------------------------------------------------------ paths
+
+MESSAGES_PATH: Final = "/mas/v0.1/messages"
+CASES_PATH: Final = "/mas/v0.1/cases"
+CASE_PATH: Final = CASES_PATH + "/{key}"
+THREAD_PATH: Final = CASE_PATH + "/thread"
+EVENTS_PATH: Final = "/mas/v0.1/events"
+OUTBOX_PATH: Final = "/mas/v0.1/admin/outbox"
+#: The test clock (masd serve --test-clock only).
+CLOCK_PATH: Final = "/mas/v0.1/test/clock"
+HEALTHZ_PATH: Final = "/healthz"
+METRICS_PATH: Final = "/metrics"
+
+# ------------------------------------------------------------------ limits
+
+#: docs/protocol.md §9: "413 too-large (body over 256 KiB)".
+MAX_BODY: Final = 256 * 1024
+#: Seconds a client should wait before sending again after a 503.
+RETRY_AFTER: Final = 5
+
+# ------------------------------------------------------------------ replies
+
+#: The replies this edge gives itself (status by error code).  The rest come
+#: from :mod:`masd.core.wire` and :func:`masd.service.receive` as WireError.
+REPLIES: Final[Mapping[str, int]] = MappingProxyType(
+    {
+        "unauthenticated": 401,
+        "unsupported-media-type": 415,
+        "too-large": 413,
+        "invalid-message": 400,  # read side: a bad query parameter
+        "unknown-case": 404,  # read side
+        "unknown-item": 404,  # the outbound queue (masd.queue)
+        "wrong-state": 409,  # the outbound queue: an item already sent or withdrawn
+        "not-found": 404,
+        "method-not-allowed": 405,
+        "expectation-failed": 417,
+        "unavailable": 503,
+    }
+)
+
+
+def refusal(code: str, detail: str, *, status: int | None = None) -> web.Response:
+    """``{"ok": false, "error": code, "detail": ...}`` with the code's status."""
+    body = {"ok": False, "error": code, "detail": detail}
+    response = web.json_response(body, status=status or REPLIES[code])
+    if code == "unauthenticated":
+        response.headers[hdrs.WWW_AUTHENTICATE] = 'Bearer realm="masd"'
+    elif response.status == 503:
+        response.headers[hdrs.RETRY_AFTER] = str(RETRY_AFTER)
+    return response
+
+
+# ------------------------------------------------------------------ secrets
+
+#: ``Authorization: Bearer <secret>``; a secret is printable ASCII without
+#: spaces (what check-config allows in a token file).
+_BEARER: Final = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +([!-~]+)")
+NO_BEARER: Final = "Authorization: no Bearer secret of printable ASCII"
+
+
+def bearer(request: web.Request) -> str | None:
+    """The secret of ``Authorization: Bearer <secret>``; None when the header is
+    missing or is not that (another scheme, a secret that is not printable ASCII)."""
+    match = _BEARER.fullmatch(request.headers.get(hdrs.AUTHORIZATION, "").strip())
+    return match.group(1) if match else None
+
+
+def admin_refusal(rt: Runtime, request: web.Request) -> web.Response | None:
+    """docs/protocol.md §16: the read side needs the admin secret, else 401."""
+    token = rt.config.server.admin_token
+    if token is None:
+        return refusal(
+            "unauthenticated",
+            "no admin token is configured (server.admin_token_file): the read side is closed",
+        )
+    secret = bearer(request)
+    if secret is None:
+        return refusal("unauthenticated", NO_BEARER)
+    if not hmac.compare_digest(secret.encode(), token.encode()):
+        return refusal("unauthenticated", "Authorization: not the admin secret")
+    return None
+
+
+# ------------------------------------------------------------------ query parameters
+
+
+def show(text: str | None) -> str:
+    """``text`` quoted, cut at 40 characters, for a refusal's detail."""
+    text = text or ""
+    return '"' + (text if len(text) <= 40 else text[:40] + "…") + '"'
+
+
+def bad(name: str, why: str) -> web.Response:
+    """``400 invalid-message`` naming the parameter."""
+    return refusal("invalid-message", f"{name}: {why}")
+
+
+def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int | str:
+    """The integer query parameter ``name``, or a text saying why it is refused."""
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not text.isascii() or not text.isdigit() or not low <= int(text) <= high:
+        shown = text if len(text) <= 40 else text[:40] + "…"
+        return f'"{shown}" is not an integer from {low} to {high}'
+    return int(text)
+
+
+def int_or_refusal(
+    request: web.Request, name: str, default: int, low: int, high: int
+) -> int | web.Response:
+    value = int_param(request, name, default, low, high)
+    return bad(name, value) if isinstance(value, str) else value
+
+
+# ------------------------------------------------------------------ routes
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the routes work with: the edge's runtime, store, clock, counters, the
+    listener told of each commit, and the event feed's watch."""
+
+    rt: Runtime
+    store: Store
+    clock: Clock
+    metrics: Metrics
+    on_commit: CommitListener
+    feed: FeedWatch
+
+    @classmethod
+    def of(cls, ctx: EdgeContext, feed: FeedWatch) -> Served:
+        return cls(ctx.rt, ctx.store, ctx.clock, ctx.metrics, ctx.listener, feed)
+
+
+#: A route's handler: the request, and what it works with.
+Handler = Callable[[web.Request, Served], Awaitable[web.StreamResponse]]
+#: An ``Expect:`` handler (aiohttp's), run before the handler and its middleware.
+Expect = Callable[[web.Request, Served], Awaitable[web.StreamResponse | None]]
+#: Who may use a route: a peer's secret, the admin secret, or anyone.
+Auth = Literal["peer", "admin", "anyone"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One method on one path, its handler and who may use it.
+
+    ``counted``: each answer counts in ``masd_http_requests_total`` by status.
+    """
+
+    method: str
+    path: str
+    handler: Handler
+    auth: Auth
+    counted: bool = False
+    expect: Expect | None = None
