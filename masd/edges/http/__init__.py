@@ -7,9 +7,11 @@ One module per route (:mod:`~masd.edges.http.messages`, :mod:`~masd.edges.http.h
 :mod:`~masd.edges.http.events`, :mod:`~masd.edges.http.outbox`,
 :mod:`~masd.edges.http.clock`), each declaring its :class:`~masd.edges.http.shared.Route`;
 :mod:`~masd.edges.http.shared` holds what they share (paths, the reply table, refusals,
-query parameters); :mod:`~masd.edges.http.edge` builds the application from them and
-:mod:`~masd.edges.http.server` binds and limits the listener.  Route modules import only
-``shared``, so the package has no import cycle.
+query parameters, :class:`~masd.edges.http.shared.HttpRefusal`);
+:mod:`~masd.edges.http.auth` checks the secret a route declares it needs;
+:mod:`~masd.edges.http.edge` builds the application from them, with the one middleware that
+answers every refusal, and :mod:`~masd.edges.http.server` binds and limits the listener.
+Route modules import only ``shared`` and ``auth``, so the package has no import cycle.
 
 Every answer is JSON.  Nothing a client sends yields a 5xx: a malformed ``Authorization``
 header is 401, a body :mod:`masd.core.wire` cannot decode is 400.  A 5xx says masd itself
@@ -34,6 +36,7 @@ from masd.edges.http.shared import (
     MESSAGES_PATH,
     OUTBOX_PATH,
     REPLIES,
+    HttpRefusal,
     Route,
 )
 
@@ -52,6 +55,7 @@ __all__ = [
     "HttpEdge",
     "HttpLimits",
     "HttpListenError",
+    "HttpRefusal",
     "HttpServer",
     "Route",
     "start_http",

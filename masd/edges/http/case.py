@@ -8,20 +8,14 @@ from typing import Final
 from aiohttp import web
 
 from masd import readside
-from masd.edges.http.shared import CASE_PATH, Route, Served, admin_refusal, refusal
-from masd.store import StoreError
+from masd.edges.http.shared import CASE_PATH, HttpRefusal, Route, Served, stored
 
 
 async def case(request: web.Request, edge: Served) -> web.StreamResponse:
-    if (denied := admin_refusal(edge.rt, request)) is not None:
-        return denied
     key = request.match_info["key"]
-    try:
-        doc = await edge.store.read(lambda db: readside.case_json(db, key))
-    except StoreError as exc:
-        return refusal("unavailable", f"store: {exc.detail}")
+    doc = await stored(edge.store.read(lambda db: readside.case_json(db, key)))
     if doc is None:
-        return refusal("unknown-case", f"key: no case {key}")
+        raise HttpRefusal("unknown-case", f"key: no case {key}")
     return web.json_response(doc)
 
 

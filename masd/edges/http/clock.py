@@ -14,12 +14,10 @@ from masd import service
 from masd.clock import TestClock
 from masd.core import wire
 from masd.core.errors import WireError
-from masd.edges.http.shared import CLOCK_PATH, Route, Served, admin_refusal, refusal
+from masd.edges.http.shared import CLOCK_PATH, HttpRefusal, Route, Served
 
 
 async def tick(request: web.Request, edge: Served) -> web.StreamResponse:
-    if (denied := admin_refusal(edge.rt, request)) is not None:
-        return denied
     assert isinstance(edge.clock, TestClock)
     if request.method == "POST":
         try:
@@ -30,11 +28,11 @@ async def tick(request: web.Request, edge: Served) -> web.StreamResponse:
             if not 0 <= seconds <= 10 * 365 * 86400:
                 raise ValueError(seconds)
         except WireError as exc:
-            return refusal(exc.code, exc.detail, status=exc.status)
+            raise HttpRefusal(exc.code, exc.detail, status=exc.status) from exc
         except (ValueError, TypeError, KeyError) as exc:
-            return refusal(
+            raise HttpRefusal(
                 "invalid-message", f"advance: {exc!s:.80} is not a number of seconds >= 0"
-            )
+            ) from exc
         edge.clock.advance(float(seconds))
         # Deadlines and retries may be due now: the timer and the outbox look again.
         edge.on_commit.committed(service.ALL_WAKES)

@@ -1,17 +1,21 @@
-"""The HTTP application: every route module's routes on one aiohttp application, and the
-middleware that answers in JSON whatever a handler did not (docs/protocol.md §9).
+"""The HTTP application: every route module's routes on one aiohttp application, the
+middleware that checks who is asking (:mod:`masd.edges.http.auth`), and the one that answers
+every refusal (docs/protocol.md §9).
 
-Nothing a client sends yields a 5xx: aiohttp's own 404 and 405 become JSON refusals, and a
-fault of masd's own is ``503 unavailable`` with ``Retry-After`` (never a traceback).
+A handler, or the authentication before it, refuses by raising
+:class:`~masd.edges.http.shared.HttpRefusal`; :func:`_refusals` answers it as JSON, and so
+aiohttp's own 404 and 405 (never its HTML pages).  Nothing a client sends yields a 5xx: a
+fault of masd's own is ``503 unavailable`` with ``Retry-After``, never a traceback.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler as AioHandler
 from aiohttp.typedefs import Middleware
 
 from masd.clock import TestClock
@@ -27,9 +31,11 @@ from masd.edges.http import (
     outbox,
     thread,
 )
-from masd.edges.http.shared import MAX_BODY, Handler, Route, Served, refusal
+from masd.edges.http.auth import authenticate
+from masd.edges.http.shared import MAX_BODY, Handler, HttpRefusal, Route, Served
 from masd.edges.limits import Gate
 from masd.feed import FeedWatch
+from masd.metrics import Metrics
 
 log = logging.getLogger("masd.http")
 
@@ -45,8 +51,8 @@ ROUTES: Final[tuple[Route, ...]] = (
     *outbox.ROUTES,
 )
 
-AioHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 AioExpect = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+_FAILED: Final = "masd failed; retry later (see its log)"
 
 
 class HttpEdge:
@@ -68,8 +74,19 @@ class HttpEdge:
     def app(self, gate: Gate | None = None) -> web.Application:
         """The application; ``gate`` (the listener's) is told when each request
         head has been read and when its answer is done."""
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[_json_errors(gate)])
-        _add(app, self.routes(), self.served)
+        served = self.served
+        routes: dict[web.AbstractRoute, Route] = {}
+        app = web.Application(
+            client_max_size=MAX_BODY,
+            middlewares=[_refusals(gate, routes, served.metrics), authenticate(served.rt, routes)],
+        )
+        for r in self.routes():
+            # A GET route answers HEAD too (aiohttp's add_get does the same).
+            for method in (hdrs.METH_HEAD, r.method) if r.method == hdrs.METH_GET else (r.method,):
+                added = app.router.add_route(
+                    method, r.path, _bound(r.handler, served), expect_handler=_expecting(r, served)
+                )
+                routes[added] = r
         app.on_shutdown.append(self._closing)
         return app
 
@@ -77,13 +94,6 @@ class HttpEdge:
         """masd is stopping: long polls answer and streams end now."""
         del app
         self.served.feed.close()
-
-
-def _add(app: web.Application, routes: Iterable[Route], served: Served) -> None:
-    for r in routes:
-        app.router.add_route(
-            r.method, r.path, _bound(r.handler, served), expect_handler=_expecting(r, served)
-        )
 
 
 def _bound(handler: Handler, served: Served) -> AioHandler:
@@ -104,34 +114,49 @@ def _expecting(r: Route, served: Served) -> AioExpect | None:
     return handle
 
 
-def _json_errors(gate: Gate | None) -> Middleware:
+def _refusal_of(request: web.Request, exc: web.HTTPException) -> HttpRefusal:
+    """aiohttp's own answer (no route, no such method, a body over the bound) as a refusal."""
+    if isinstance(exc, web.HTTPNotFound):
+        return HttpRefusal("not-found", f"path: {request.path} is not served here")
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return HttpRefusal(
+            "method-not-allowed",
+            f"method: {request.method} is not allowed on {request.path}",
+            headers={hdrs.ALLOW: exc.headers.get(hdrs.ALLOW, "")},
+        )
+    if exc.status >= 500:
+        log.error("fault method=%s path=%s: %s", request.method, request.path, exc)
+        return HttpRefusal("unavailable", _FAILED)
+    kind = "too-large" if exc.status == 413 else "invalid-message"
+    return HttpRefusal(kind, f"{exc.reason}: {exc.text or ''}".strip(), status=exc.status)
+
+
+def _refusals(
+    gate: Gate | None, routes: Mapping[web.AbstractRoute, Route], metrics: Metrics
+) -> Middleware:
+    """The outermost middleware: every refusal answered, a counted route's answers counted."""
+
     @web.middleware
-    async def json_errors(request: web.Request, handler: AioHandler) -> web.StreamResponse:
-        """JSON for aiohttp's own 404/405 (never its HTML pages) and for faults."""
+    async def refusals(request: web.Request, handler: AioHandler) -> web.StreamResponse:
         transport = request.transport
         if gate is not None:
             gate.started(transport)
         try:
-            return await handler(request)
-        except web.HTTPNotFound:
-            return refusal("not-found", f"path: {request.path} is not served here")
-        except web.HTTPMethodNotAllowed as exc:
-            response = refusal(
-                "method-not-allowed", f"method: {request.method} is not allowed on {request.path}"
-            )
-            response.headers[hdrs.ALLOW] = exc.headers.get(hdrs.ALLOW, "")
-            return response
-        except web.HTTPException as exc:
-            if exc.status >= 500:
-                log.error("fault method=%s path=%s: %s", request.method, request.path, exc)
-                return refusal("unavailable", "masd failed; retry later (see its log)")
-            code = "too-large" if exc.status == 413 else "invalid-message"
-            return refusal(code, f"{exc.reason}: {exc.text or ''}".strip(), status=exc.status)
+            try:
+                response = await handler(request)
+            except web.HTTPException as exc:
+                raise _refusal_of(request, exc) from exc
+        except HttpRefusal as refused:
+            response = refused.response()
         except Exception:  # masd's own fault: JSON and 503, never a traceback
             log.exception("fault method=%s path=%s", request.method, request.path)
-            return refusal("unavailable", "masd failed; retry later (see its log)")
+            return HttpRefusal("unavailable", _FAILED).response()
         finally:
             if gate is not None:
                 gate.finished(transport)
+        route = routes.get(request.match_info.route)
+        if route is not None and route.counted:
+            metrics.inc("masd_http_requests_total", status=str(response.status))
+        return response
 
-    return json_errors
+    return refusals

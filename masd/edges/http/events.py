@@ -17,13 +17,13 @@ from aiohttp import hdrs, web
 from masd import feed, readside
 from masd.edges.http.shared import (
     EVENTS_PATH,
+    HttpRefusal,
     Route,
     Served,
-    admin_refusal,
     bad,
-    int_or_refusal,
-    refusal,
+    int_param,
     show,
+    stored,
 )
 from masd.store import StoreError
 
@@ -39,36 +39,25 @@ SSE_HEADERS: Final = {
 
 
 async def events(request: web.Request, edge: Served) -> web.StreamResponse:
-    if (denied := admin_refusal(edge.rt, request)) is not None:
-        return denied
     streaming = "text/event-stream" in request.headers.get(hdrs.ACCEPT, "")
     text = request.query.get("after")
     if streaming and hdrs.LAST_EVENT_ID in request.headers:
         text = request.headers[hdrs.LAST_EVENT_ID]  # a reconnecting client resumes there
     after = 0 if text is None else feed.parse_cursor(text)
     if after is None:
-        return bad("after", f"{show(text)} is not a cursor of the event feed")
-    limit = int_or_refusal(request, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
-    wait = int_or_refusal(request, "wait", 0, 0, feed.MAX_WAIT)
-    if isinstance(limit, web.Response):
-        return limit
-    if isinstance(wait, web.Response):
-        return wait
+        raise bad("after", f"{show(text)} is not a cursor of the event feed")
+    limit = int_param(request, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
+    wait = int_param(request, "wait", 0, 0, feed.MAX_WAIT)
     case_key = await _case_key(edge, request.query.get("case"))
-    if isinstance(case_key, web.Response):
-        return case_key
-    try:
-        first = await edge.store.read(
-            functools.partial(feed.page, after=after, limit=limit, case_key=case_key)
+    first = await stored(
+        edge.store.read(functools.partial(feed.page, after=after, limit=limit, case_key=case_key))
+    )
+    if not first.events and not first.ahead and wait > 0 and not streaming:
+        first = await stored(
+            feed.follow(edge.store, edge.feed, after, limit=limit, case_key=case_key, wait=wait)
         )
-        if not first.events and not first.ahead and wait > 0 and not streaming:
-            first = await feed.follow(
-                edge.store, edge.feed, after, limit=limit, case_key=case_key, wait=wait
-            )
-    except StoreError as exc:
-        return refusal("unavailable", f"store: {exc.detail}")
     if first.ahead:
-        return bad(
+        raise bad(
             "after",
             f"{text} is past the latest event of this store (was it restored from a "
             "backup?); start again without after",
@@ -78,17 +67,16 @@ async def events(request: web.Request, edge: Served) -> web.StreamResponse:
     return await _stream(request, edge, first, case_key)
 
 
-async def _case_key(edge: Served, text: str | None) -> str | web.Response | None:
+async def _case_key(edge: Served, text: str | None) -> str | None:
     """The key of the case ``case=`` names (address, key or an id only one case has)."""
     if text is None:
         return None
-    try:
-        keys = await edge.store.read(lambda tx: readside.keys_named(tx, text))
-    except StoreError as exc:
-        return refusal("unavailable", f"store: {exc.detail}")
+    keys = await stored(edge.store.read(lambda tx: readside.keys_named(tx, text)))
     if len(keys) > 1:
-        return bad("case", f"{show(text)} is the id of {len(keys)} cases; give the address")
-    return keys[0] if keys else refusal("unknown-case", f"case: no case {text}")
+        raise bad("case", f"{show(text)} is the id of {len(keys)} cases; give the address")
+    if not keys:
+        raise HttpRefusal("unknown-case", f"case: no case {text}")
+    return keys[0]
 
 
 async def _stream(

@@ -7,7 +7,7 @@ from typing import Final
 
 from aiohttp import web
 
-from masd.edges.http.shared import HEALTHZ_PATH, Route, Served, refusal
+from masd.edges.http.shared import HEALTHZ_PATH, HttpRefusal, Route, Served
 
 log = logging.getLogger("masd.http")
 
@@ -16,11 +16,11 @@ async def healthz(request: web.Request, edge: Served) -> web.StreamResponse:
     """The store's health, checked at most every 5 s."""
     try:
         health = await edge.store.check()
-    except Exception as exc:  # noqa: BLE001 (any failure means "not healthy")
+    except Exception as exc:  # any failure means "not healthy"
         log.warning("healthz store unavailable: %s", exc)
-        return refusal("store", "the store does not answer (see the log)", status=503)
+        raise HttpRefusal("store", "the store does not answer (see the log)") from exc
     if not health.writable:
-        return refusal("store", health.describe(), status=503)
+        raise HttpRefusal("store", health.describe())
     return web.json_response({"ok": True})
 
 

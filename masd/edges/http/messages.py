@@ -1,6 +1,7 @@
 """``POST /mas/v0.1/messages``: contract messages in (docs/protocol.md §9).
 
-The checks run in order and the first failure answers: 401 (the body is not read) -> 415 ->
+The checks run in order and the first failure answers: 401 (the authentication middleware,
+:mod:`masd.edges.http.auth`; the body is not read) -> 415 ->
 413 -> envelope (400) -> 403 for a type the peer may not send -> one store job
 (:func:`masd.service.receive`: idempotency, schema, 404, 403, stale, 409).
 """
@@ -16,15 +17,8 @@ from aiohttp.http import HttpVersion11
 from masd import service
 from masd.core import wire
 from masd.core.errors import WireError
-from masd.edges.http.shared import (
-    MAX_BODY,
-    MESSAGES_PATH,
-    NO_BEARER,
-    Route,
-    Served,
-    bearer,
-    refusal,
-)
+from masd.edges.http.auth import PRINCIPAL, peer
+from masd.edges.http.shared import MAX_BODY, MESSAGES_PATH, HttpRefusal, Route, Served
 from masd.peers import Principal
 from masd.store import StoreError
 
@@ -39,40 +33,42 @@ def _envelope_refs(env: wire.Envelope) -> tuple[object, object]:
     return key, env.body.get("handoff_id")
 
 
-def _precheck(request: web.Request, edge: Served) -> Principal | web.Response:
-    """401 -> 415 -> 413 by Content-Length: what can be decided before the body."""
-    secret = bearer(request)
-    if secret is None:
-        return refusal("unauthenticated", NO_BEARER)
-    principal = edge.rt.directory.authenticate(secret)
-    if principal is None:
-        return refusal("unauthenticated", "Authorization: the secret matches no peer")
+def _media(request: web.Request) -> None:
+    """415 -> 413 by Content-Length: what can be decided before the body, once the peer is
+    known (the authentication middleware checked its secret)."""
     if hdrs.CONTENT_TYPE not in request.headers:
-        return refusal("unsupported-media-type", "Content-Type: missing (application/json)")
+        raise HttpRefusal("unsupported-media-type", "Content-Type: missing (application/json)")
     if request.content_type != "application/json":
-        return refusal(
+        raise HttpRefusal(
             "unsupported-media-type",
             f"Content-Type: {request.content_type} is not application/json",
         )
     charset = request.charset
     if charset is not None and charset.lower() not in ("utf-8", "utf8"):
-        return refusal("unsupported-media-type", f"Content-Type: charset {charset} is not utf-8")
+        raise HttpRefusal("unsupported-media-type", f"Content-Type: charset {charset} is not utf-8")
     length = request.content_length
     if length is not None and length > MAX_BODY:
-        return refusal("too-large", f"Content-Length: {length} bytes, over {MAX_BODY}")
-    return principal
+        raise HttpRefusal("too-large", f"Content-Length: {length} bytes, over {MAX_BODY}")
 
 
 async def expect(request: web.Request, edge: Served) -> web.StreamResponse | None:
-    """``Expect: 100-continue``: invite the body only if it would be read."""
+    """``Expect: 100-continue``: invite the body only if it would be read.
+
+    aiohttp runs this before the middleware, so the one refusal it gives (417) is
+    answered here; any other is left to the handler, which refuses without the body.
+    """
     asked = request.headers.get(hdrs.EXPECT, "").lower()
     if request.version != HttpVersion11:
         return None
     if asked != "100-continue":
-        return refusal("expectation-failed", f"Expect: {asked} is not 100-continue")
-    if isinstance(_precheck(request, edge), Principal):
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0
+        return HttpRefusal("expectation-failed", f"Expect: {asked} is not 100-continue").response()
+    try:
+        peer(edge.rt, request)
+        _media(request)
+    except HttpRefusal:
+        return None
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0
     return None
 
 
@@ -88,28 +84,29 @@ async def _read_body(request: web.Request) -> bytes | None:
     return b"".join(chunks)
 
 
-async def messages(request: web.Request, edge: Served) -> web.StreamResponse:
-    response = await _message(request, edge)
-    edge.metrics.inc("masd_http_requests_total", status=str(response.status))
-    return response
-
-
-async def _message(request: web.Request, edge: Served) -> web.Response:
-    checked = _precheck(request, edge)
-    if isinstance(checked, web.Response):
-        log.info("message refused remote=%s status=%d", request.remote, checked.status)
-        return checked
-    principal = checked
+async def _envelope(request: web.Request, principal: Principal) -> wire.Envelope:
+    """The body, read, decoded and checked: the peer may send its type."""
+    try:
+        _media(request)
+    except HttpRefusal as exc:
+        log.info("message refused remote=%s status=%d", request.remote, exc.status)
+        raise
     raw = await _read_body(request)
     if raw is None:
         log.info("message refused peer=%s status=413 too-large", principal.id)
-        return refusal("too-large", f"body: over {MAX_BODY} bytes")
+        raise HttpRefusal("too-large", f"body: over {MAX_BODY} bytes")
     try:
         env = wire.parse_envelope(raw)
         wire.check_may_send(principal.kind, env)
     except WireError as exc:
         log.info("message refused peer=%s status=%d error=%s", principal.id, exc.status, exc.code)
-        return refusal(exc.code, exc.detail, status=exc.status)
+        raise HttpRefusal(exc.code, exc.detail, status=exc.status) from exc
+    return env
+
+
+async def messages(request: web.Request, edge: Served) -> web.StreamResponse:
+    principal = request[PRINCIPAL]
+    env = await _envelope(request, principal)
     key, handoff_id = _envelope_refs(env)
     now = edge.clock.now()
     try:
@@ -123,7 +120,7 @@ async def _message(request: web.Request, edge: Served) -> web.Response:
             key,
             exc.detail,
         )
-        return refusal("unavailable", f"store: {exc.detail}")
+        raise HttpRefusal("unavailable", f"store: {exc.detail}") from exc
     edge.on_commit.committed(got.wakes)
     # The one line for the message: it names the statuses it recorded.
     recorded = got.statuses

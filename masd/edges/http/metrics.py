@@ -11,7 +11,7 @@ from typing import Final
 
 from aiohttp import hdrs, web
 
-from masd.edges.http.shared import METRICS_PATH, Route, Served, refusal
+from masd.edges.http.shared import METRICS_PATH, HttpRefusal, Route, Served
 from masd.metrics import health_gauges, store_gauges
 from masd.store import StoreError
 
@@ -26,7 +26,7 @@ async def metrics(request: web.Request, edge: Served) -> web.StreamResponse:
         gauges.update(health_gauges(edge.store.health))
     except StoreError as exc:
         log.warning("metrics store unavailable: %s", exc)
-        return refusal("unavailable", "store: not answering (see the log)")
+        raise HttpRefusal("unavailable", "store: not answering (see the log)") from exc
     return web.Response(
         body=edge.metrics.render(gauges).encode(),
         headers={hdrs.CONTENT_TYPE: METRICS_CONTENT_TYPE},

@@ -14,16 +14,9 @@ from typing import Final
 from aiohttp import web
 
 from masd import queue
-from masd.edges.http.shared import (
-    OUTBOX_PATH,
-    Route,
-    Served,
-    admin_refusal,
-    int_or_refusal,
-    refusal,
-)
+from masd.edges.http.shared import OUTBOX_PATH, HttpRefusal, Route, Served, int_param, stored
 from masd.service import Runtime
-from masd.store import StoreError, Tx
+from masd.store import Tx
 
 log = logging.getLogger("masd.http")
 
@@ -32,25 +25,13 @@ Change = Callable[[Runtime, Tx, int, float], queue.Done]
 
 
 async def outbox(request: web.Request, edge: Served) -> web.StreamResponse:
-    if (denied := admin_refusal(edge.rt, request)) is not None:
-        return denied
-    limit = int_or_refusal(request, "limit", queue.DEFAULT_ITEMS, 1, queue.MAX_ITEMS)
-    if isinstance(limit, web.Response):
-        return limit
-    try:
-        return web.json_response(await edge.store.read(lambda tx: queue.listing(tx, limit)))
-    except StoreError as exc:
-        return refusal("unavailable", f"store: {exc.detail}")
+    limit = int_param(request, "limit", queue.DEFAULT_ITEMS, 1, queue.MAX_ITEMS)
+    return web.json_response(await stored(edge.store.read(lambda tx: queue.listing(tx, limit))))
 
 
 async def retry_waiting(request: web.Request, edge: Served) -> web.StreamResponse:
-    if (denied := admin_refusal(edge.rt, request)) is not None:
-        return denied
     now = edge.clock.now()
-    try:
-        done = await edge.store.write(lambda tx: queue.retry_waiting(tx, now))
-    except StoreError as exc:
-        return refusal("unavailable", f"store: {exc.detail}")
+    done = await stored(edge.store.write(lambda tx: queue.retry_waiting(tx, now)))
     edge.on_commit.committed(done.wakes)
     log.info("queue retry all remote=%s items=%s", request.remote, len(done.ids))
     return web.json_response({"ok": True, "retried": done.ids})
@@ -65,15 +46,11 @@ async def drop(request: web.Request, edge: Served) -> web.StreamResponse:
 
 
 async def _change(request: web.Request, edge: Served, what: str, job: Change) -> web.StreamResponse:
-    if (denied := admin_refusal(edge.rt, request)) is not None:
-        return denied
     item_id, rt, now = int(request.match_info["id"]), edge.rt, edge.clock.now()
     try:
-        done = await edge.store.write(lambda tx: job(rt, tx, item_id, now))
+        done = await stored(edge.store.write(lambda tx: job(rt, tx, item_id, now)))
     except queue.QueueError as exc:
-        return refusal(exc.code, exc.detail, status=exc.status)
-    except StoreError as exc:
-        return refusal("unavailable", f"store: {exc.detail}")
+        raise HttpRefusal(exc.code, exc.detail) from exc
     edge.on_commit.committed(done.wakes)
     log.info("queue %s id=%s remote=%s state=%s", what, item_id, request.remote, done.item["state"])
     return web.json_response({"ok": True, "item": done.item})

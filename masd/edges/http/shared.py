@@ -7,12 +7,11 @@ puts them on the application.  Nothing here imports a route.
 
 from __future__ import annotations
 
-import hmac
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
 
 from aiohttp import hdrs, web
 
@@ -21,7 +20,9 @@ from masd.edges.context import EdgeContext
 from masd.feed import FeedWatch
 from masd.metrics import Metrics
 from masd.service import CommitListener, Runtime
-from masd.store import Store
+from masd.store import Store, StoreError
+
+T = TypeVar("T")
 
 # ------------------------------------------------------------------ paths
 
@@ -60,19 +61,52 @@ REPLIES: Final[Mapping[str, int]] = MappingProxyType(
         "method-not-allowed": 405,
         "expectation-failed": 417,
         "unavailable": 503,
+        "store": 503,  # /healthz: the store does not accept a write
     }
 )
 
 
-def refusal(code: str, detail: str, *, status: int | None = None) -> web.Response:
-    """``{"ok": false, "error": code, "detail": ...}`` with the code's status."""
-    body = {"ok": False, "error": code, "detail": detail}
-    response = web.json_response(body, status=status or REPLIES[code])
-    if code == "unauthenticated":
-        response.headers[hdrs.WWW_AUTHENTICATE] = 'Bearer realm="masd"'
-    elif response.status == 503:
-        response.headers[hdrs.RETRY_AFTER] = str(RETRY_AFTER)
-    return response
+class HttpRefusal(Exception):
+    """A request refused: ``kind`` names the refusal (:data:`REPLIES` gives its status),
+    ``detail`` says what was refused and why.
+
+    Handlers and the authentication middleware raise it; the error middleware
+    (:mod:`masd.edges.http.edge`) answers it with :meth:`response`, the one place a
+    refusal becomes ``{"ok": false, "error": kind, "detail": ...}``.  ``status`` is
+    given only for a status aiohttp itself chose; ``headers`` are added to the answer.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        detail: str,
+        *,
+        status: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+        self.status = status or REPLIES[kind]
+        self.headers = dict(headers or {})
+
+    def response(self) -> web.Response:
+        """The JSON answer, with ``WWW-Authenticate`` on a 401 and ``Retry-After`` on a 503."""
+        body = {"ok": False, "error": self.kind, "detail": self.detail}
+        response = web.json_response(body, status=self.status, headers=self.headers)
+        if self.kind == "unauthenticated":
+            response.headers[hdrs.WWW_AUTHENTICATE] = 'Bearer realm="masd"'
+        elif self.status == 503:
+            response.headers[hdrs.RETRY_AFTER] = str(RETRY_AFTER)
+        return response
+
+
+async def stored(job: Awaitable[T]) -> T:
+    """What a store job returned; a store that fails is ``503 unavailable``."""
+    try:
+        return await job
+    except StoreError as exc:
+        raise HttpRefusal("unavailable", f"store: {exc.detail}") from exc
 
 
 # ------------------------------------------------------------------ secrets
@@ -90,22 +124,6 @@ def bearer(request: web.Request) -> str | None:
     return match.group(1) if match else None
 
 
-def admin_refusal(rt: Runtime, request: web.Request) -> web.Response | None:
-    """docs/protocol.md §16: the read side needs the admin secret, else 401."""
-    token = rt.config.server.admin_token
-    if token is None:
-        return refusal(
-            "unauthenticated",
-            "no admin token is configured (server.admin_token_file): the read side is closed",
-        )
-    secret = bearer(request)
-    if secret is None:
-        return refusal("unauthenticated", NO_BEARER)
-    if not hmac.compare_digest(secret.encode(), token.encode()):
-        return refusal("unauthenticated", "Authorization: not the admin secret")
-    return None
-
-
 # ------------------------------------------------------------------ query parameters
 
 
@@ -115,27 +133,20 @@ def show(text: str | None) -> str:
     return '"' + (text if len(text) <= 40 else text[:40] + "…") + '"'
 
 
-def bad(name: str, why: str) -> web.Response:
+def bad(name: str, why: str) -> HttpRefusal:
     """``400 invalid-message`` naming the parameter."""
-    return refusal("invalid-message", f"{name}: {why}")
+    return HttpRefusal("invalid-message", f"{name}: {why}")
 
 
-def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int | str:
-    """The integer query parameter ``name``, or a text saying why it is refused."""
+def int_param(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    """The integer query parameter ``name`` (``default`` when absent); any other text is
+    refused naming the parameter."""
     text = request.query.get(name)
     if text is None:
         return default
     if not text.isascii() or not text.isdigit() or not low <= int(text) <= high:
-        shown = text if len(text) <= 40 else text[:40] + "…"
-        return f'"{shown}" is not an integer from {low} to {high}'
+        raise bad(name, f"{show(text)} is not an integer from {low} to {high}")
     return int(text)
-
-
-def int_or_refusal(
-    request: web.Request, name: str, default: int, low: int, high: int
-) -> int | web.Response:
-    value = int_param(request, name, default, low, high)
-    return bad(name, value) if isinstance(value, str) else value
 
 
 # ------------------------------------------------------------------ routes
