@@ -10,15 +10,16 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
 from support.http import ADMIN, CALLBACK, Running, serving
 
 import masd.edges.http
-from masd.edges.http import ROUTES, HttpRefusal, Route
-from masd.edges.http.shared import RETRY_AFTER
+from masd.core.errors import Answer, Refusal
+from masd.edges.http import REPLIES, ROUTES, HttpRefusal, Route
+from masd.edges.http.shared import RETRY_AFTER, status_of
 
 PACKAGE = Path(masd.edges.http.__file__).parent
 #: A value for each path parameter a route takes.
@@ -194,3 +195,45 @@ def test_a_refusal_body_is_json_of_its_kind() -> None:
     }
     busy = HttpRefusal("unavailable", "later").response()
     assert (busy.status, busy.headers["Retry-After"]) == (503, str(RETRY_AFTER))
+
+
+# --------------------------------------------------------------------------- the status table
+
+
+def test_the_table_gives_each_kind_of_answer_its_status() -> None:
+    """The core names answers by kind (docs/protocol.md §9.3); the edge's table alone
+    turns them into statuses."""
+    assert set(get_args(Refusal)) < set(get_args(Answer))
+    assert {kind: status_of(kind) for kind in get_args(Answer)} == {
+        "ok": 200,
+        "refused": 422,
+        "invalid-message": 400,
+        "unsupported-version": 400,
+        "unknown-type": 400,
+        "forbidden": 403,
+        "unknown-case": 404,
+        "unknown-handoff": 404,
+        "unknown-intake": 404,
+        "invalid-transition": 409,
+        "already-assigned": 409,
+    }
+    own = {kind: status for kind, status in REPLIES.items() if kind not in get_args(Answer)}
+    assert own == {
+        "unauthenticated": 401,
+        "unsupported-media-type": 415,
+        "too-large": 413,
+        "unknown-item": 404,
+        "wrong-state": 409,
+        "not-found": 404,
+        "method-not-allowed": 405,
+        "expectation-failed": 417,
+        "unavailable": 503,
+        "store": 503,
+    }
+
+
+def test_a_refusal_takes_its_status_from_the_table() -> None:
+    for kind, status in REPLIES.items():
+        assert HttpRefusal(kind, "x").status == status
+    with pytest.raises(KeyError):
+        HttpRefusal("no-such-kind", "x")

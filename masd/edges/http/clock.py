@@ -28,7 +28,7 @@ async def tick(request: web.Request, edge: Served) -> web.StreamResponse:
             if not 0 <= seconds <= 10 * 365 * 86400:
                 raise ValueError(seconds)
         except WireError as exc:
-            raise HttpRefusal(exc.code, exc.detail, status=exc.status) from exc
+            raise HttpRefusal(exc.code, exc.detail) from exc
         except (ValueError, TypeError, KeyError) as exc:
             raise HttpRefusal(
                 "invalid-message", f"advance: {exc!s:.80} is not a number of seconds >= 0"

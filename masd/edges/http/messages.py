@@ -18,7 +18,7 @@ from masd import service
 from masd.core import wire
 from masd.core.errors import WireError
 from masd.edges.http.auth import PRINCIPAL, peer
-from masd.edges.http.shared import MAX_BODY, MESSAGES_PATH, HttpRefusal, Route, Served
+from masd.edges.http.shared import MAX_BODY, MESSAGES_PATH, HttpRefusal, Route, Served, status_of
 from masd.peers import Principal
 from masd.store import StoreError
 
@@ -99,8 +99,11 @@ async def _envelope(request: web.Request, principal: Principal) -> wire.Envelope
         env = wire.parse_envelope(raw)
         wire.check_may_send(principal.kind, env)
     except WireError as exc:
-        log.info("message refused peer=%s status=%d error=%s", principal.id, exc.status, exc.code)
-        raise HttpRefusal(exc.code, exc.detail, status=exc.status) from exc
+        refusal = HttpRefusal(exc.code, exc.detail)
+        log.info(
+            "message refused peer=%s status=%d error=%s", principal.id, refusal.status, exc.code
+        )
+        raise refusal from exc
     return env
 
 
@@ -110,7 +113,9 @@ async def messages(request: web.Request, edge: Served) -> web.StreamResponse:
     key, handoff_id = _envelope_refs(env)
     now = edge.clock.now()
     try:
-        got = await edge.store.write(lambda db: service.receive(edge.rt, db, principal, env, now))
+        got = await edge.store.write(
+            lambda db: service.receive(edge.rt, db, principal, env, now, status_of)
+        )
     except StoreError as exc:
         log.warning(
             "message unavailable peer=%s type=%s id=%s case=%s: %s",

@@ -16,6 +16,7 @@ from typing import Final, Literal, TypeVar
 from aiohttp import hdrs, web
 
 from masd.clock import Clock
+from masd.core.errors import Answer
 from masd.edges.context import EdgeContext
 from masd.feed import FeedWatch
 from masd.metrics import Metrics
@@ -46,15 +47,27 @@ RETRY_AFTER: Final = 5
 
 # ------------------------------------------------------------------ replies
 
-#: The replies this edge gives itself (status by error code).  The rest come
-#: from :mod:`masd.core.wire` and :func:`masd.service.receive` as WireError.
+#: The status of each kind of answer: the one table of them.  The core and the service
+#: name an answer by its kind (:data:`masd.core.errors.Answer`); so does this edge for
+#: the refusals it gives itself.
 REPLIES: Final[Mapping[str, int]] = MappingProxyType(
     {
+        # contract answers (masd.core.errors.Answer)
+        "ok": 200,
+        "refused": 422,  # mail.send under Principle 10
+        "invalid-message": 400,  # also the read side's bad query parameter
+        "unsupported-version": 400,
+        "unknown-type": 400,
+        "forbidden": 403,
+        "unknown-case": 404,  # also the read side
+        "unknown-handoff": 404,
+        "unknown-intake": 404,
+        "invalid-transition": 409,
+        "already-assigned": 409,
+        # this edge's own
         "unauthenticated": 401,
         "unsupported-media-type": 415,
         "too-large": 413,
-        "invalid-message": 400,  # read side: a bad query parameter
-        "unknown-case": 404,  # read side
         "unknown-item": 404,  # the outbound queue (masd.queue)
         "wrong-state": 409,  # the outbound queue: an item already sent or withdrawn
         "not-found": 404,
@@ -64,6 +77,11 @@ REPLIES: Final[Mapping[str, int]] = MappingProxyType(
         "store": 503,  # /healthz: the store does not accept a write
     }
 )
+
+
+def status_of(kind: Answer) -> int:
+    """The status a contract answer of this kind is given (:data:`REPLIES`)."""
+    return REPLIES[kind]
 
 
 class HttpRefusal(Exception):
