@@ -94,6 +94,16 @@ def test_a_wrong_secret_on_every_route_is_refused_by_the_one_handler(
     run(tmp_path, body)
 
 
+def test_a_get_route_answers_head_with_the_same_guard(tmp_path: Path) -> None:
+    async def body(r: Running) -> None:
+        health = await r.client.head("/healthz")
+        assert (health.status_code, health.content) == (200, b"")
+        assert (await r.client.head("/mas/v0.1/cases")).status_code == 401
+        assert (await r.client.head("/mas/v0.1/cases", headers=auth())).status_code == 200
+
+    run(tmp_path, body)
+
+
 def test_bad_parameters_and_unknown_names_are_refused_by_the_one_handler(
     tmp_path: Path, answered: list[str]
 ) -> None:
