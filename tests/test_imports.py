@@ -66,13 +66,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 }
 
 #: Cycles known today, each to be undone (a set of the modules in it).
-KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # HttpEdge.app() imports http_read lazily, which builds on HttpEdge;
-        # the HTTP edge's modules are being restructured, which undoes it.
-        frozenset({"masd.edges.http", "masd.edges.http_read"}),
-    }
-)
+KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 Graph = Mapping[str, frozenset[str]]
 

@@ -32,6 +32,7 @@ from masd.app import App
 from masd.clock import TestClock
 from masd.config import load_config
 from masd.core import wire
+from masd.edges.http.shared import status_of
 from masd.service import NO_WAKES, Wakes
 from masd.testing import FakePeer, SmtpSink, lmtpclient
 
@@ -328,7 +329,7 @@ def test_a_status_reports_what_it_recorded_and_a_refusal_nothing(tmp_path: Path)
                 message = wire.parse_envelope(json.dumps(body).encode())
                 now = env.clock.now()
                 return await env.store.write(
-                    lambda db: service.receive(env.rt, db, who, message, now)
+                    lambda db: service.receive(env.rt, db, who, message, now, status_of)
                 )
 
             got = await post(1, "negotiating")

@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol
 from masd.core import texts
 from masd.core.address import Address
 from masd.core.details import find_fields
-from masd.core.errors import WireError
+from masd.core.errors import Answer, WireError
 from masd.core.event import ParsedMail
 from masd.core.kinds import ThreadKind
 from masd.core.status import MACHINE
@@ -236,9 +236,10 @@ Effect = (
 
 @dataclass(frozen=True)
 class Reply:
-    """An HTTP answer and the effects behind it."""
+    """A contract answer: its kind (``ok``, or ``refused`` under Principle 10), its body,
+    and the effects behind it.  The edge that carries it gives the kind its status."""
 
-    status: int
+    kind: Answer
     body: Mapping[str, Any]
     effects: Sequence[Effect] = ()
 
@@ -445,7 +446,7 @@ def status_from_mode(
     # than the last one it accepted".  docs/protocol.md §9 puts this before the
     # transition check.
     if handoff.last_seq is not None and msg.seq <= handoff.last_seq:
-        return Reply(200, STALE)
+        return Reply("ok", STALE)
     # docs/protocol.md §14: "A receiver MUST refuse a transition that the table does
     # not allow"; a mode is never the timeout owner (in the slave role,
     # "Email sets no deadline and never records timed-out").
@@ -472,7 +473,7 @@ def status_from_mode(
     elif (resume if ask is None else ask) and msg.status == "negotiating" and msg.needs:
         text = texts.question(case.address, handoff.mode, msg.needs, msg.detail)
         effects.append(SendMail("question", text))
-    return Reply(200, OK, effects)
+    return Reply("ok", OK, effects)
 
 
 def master_deadline(case: CaseView, handoff: HandoffView, ctx: Context) -> list[Effect]:
@@ -534,12 +535,12 @@ class Caller(Protocol):
 
 
 def _forbidden(detail: str) -> WireError:
-    return WireError(detail, code="forbidden", status=403)
+    return WireError(detail, code="forbidden")
 
 
 def authorize_status(who: Caller, handoff: HandoffView) -> None:
     """docs/protocol.md §9: "a mode may post statuses only for handoffs sent to it"; the
-    handoff records its peer, so a status from any other is ``403 forbidden``."""
+    handoff records its peer, so a status from any other is ``forbidden``."""
     if not who.covers(handoff.peer):
         raise _forbidden(f"handoff_id: {handoff.handoff_id} was not sent to this peer")
 

@@ -3,17 +3,37 @@
 Every refusal masd makes carries a stable ``code`` (what kind of refusal) and
 a ``detail`` (what exactly was refused and why: the part, the field, the
 value).  Edges map codes to LMTP replies, HTTP statuses or exit codes; they
-never show a traceback to a peer.
+never show a traceback to a peer.  The core knows no HTTP status: a contract
+answer is named by its kind (:data:`Answer`), and the HTTP edge's table
+(:data:`masd.edges.http.shared.REPLIES`) gives each kind its status.
 
     MasdError
     ├── AddressError        a recipient that is not a MAS address here
     ├── ConfigError         a configuration key with a bad value
     ├── EventError          a message that cannot become a gateway event
     ├── TransitionError     a status the table does not allow (invalid-transition)
-    └── WireError           a contract message that is refused (HTTP 4xx)
+    └── WireError           a contract message that is refused (a :data:`Refusal`)
 """
 
 from __future__ import annotations
+
+from typing import Literal
+
+#: Why a contract message is refused, by the contract's error names (docs/protocol.md §9.3).
+Refusal = Literal[
+    "invalid-message",
+    "unsupported-version",
+    "unknown-type",
+    "forbidden",
+    "unknown-case",
+    "unknown-handoff",
+    "unknown-intake",
+    "invalid-transition",
+    "already-assigned",
+]
+#: What a contract answer is: ``ok``, ``refused`` (``mail.send`` under Principle 10,
+#: docs/protocol.md §4.4) or a :data:`Refusal`.
+Answer = Literal["ok", "refused", Refusal]
 
 
 class MasdError(Exception):
@@ -69,17 +89,14 @@ class EventError(MasdError):
 class TransitionError(MasdError):
     """A handoff status the status machine does not allow (docs/protocol.md §14)."""
 
-    code = "invalid-transition"
+    code: Literal["invalid-transition"] = "invalid-transition"
 
 
 class WireError(MasdError):
-    """A contract message refused with an HTTP status (docs/protocol.md §9).
+    """A contract message refused (docs/protocol.md §9): ``code`` is the contract's
+    ``error`` value, the refusal's kind."""
 
-    ``status`` is the HTTP status, ``code`` the contract's ``error`` value.
-    """
+    code: Refusal = "invalid-message"
 
-    code = "invalid-message"
-
-    def __init__(self, detail: str, *, code: str = "invalid-message", status: int = 400) -> None:
+    def __init__(self, detail: str, *, code: Refusal = "invalid-message") -> None:
         super().__init__(detail, code=code)
-        self.status = status

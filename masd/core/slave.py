@@ -210,15 +210,14 @@ class IntakeView:
 
 def assigned_before(intake: IntakeView, key: str, ref: Mapping[str, str]) -> Reply | None:
     """case.assign of an intake already assigned: the same assignment again is
-    answered as the first was; another case is ``409 already-assigned``."""
+    answered as the first was; another case is ``already-assigned``."""
     if intake.case_key is None:
         return None
     if intake.case_key == key:
-        return Reply(200, {"ok": True, "case": dict(ref)})
+        return Reply("ok", {"ok": True, "case": dict(ref)})
     raise WireError(
         f"intake_ref: {intake.intake_ref} is already assigned to {intake.case_key}",
         code="already-assigned",
-        status=409,
     )
 
 
@@ -313,7 +312,7 @@ def cancel_from_master(
 
     On a handoff that is not terminal: record ``cancelled``, pass the cancel
     on to the webhook the handoff was forwarded to, answer ``{"ok": true}``.
-    On a terminal one: ``409 invalid-transition``, nothing passed on.
+    On a terminal one: ``invalid-transition``, nothing passed on.
     """
     if handoff is None:
         if reported:
@@ -322,18 +321,15 @@ def cancel_from_master(
             # to tell.  The cancel stays on the thread (the caller's
             # contract.in entry) and is answered as ignored, not refused:
             # the master named an id masd gave it (docs/protocol.md §13.4).
-            return Reply(200, NOT_FORWARDED)
+            return Reply("ok", NOT_FORWARDED)
         raise WireError(
-            f"handoff_id: no handoff {msg.handoff_id} on case {case.key}",
-            code="unknown-handoff",
-            status=404,
+            f"handoff_id: no handoff {msg.handoff_id} on case {case.key}", code="unknown-handoff"
         )
     if handoff.closed:
         raise WireError(
             f'handoff_id: {handoff.handoff_id} is already "{handoff.status}"; '
             "nothing follows a terminal status",
             code="invalid-transition",
-            status=409,
         )
     MACHINE.check(handoff.status, "cancelled", source="email")
     effects: list[Effect] = [
@@ -348,7 +344,7 @@ def cancel_from_master(
             reason=msg.reason,
         )
         effects.append(SendContract(handoff.peer, handoff.url, fwd, handoff.handoff_id))
-    return Reply(200, OK, effects)
+    return Reply("ok", OK, effects)
 
 
 # --------------------------------------------------------------------------- outbox failures

@@ -173,7 +173,7 @@ Inbound = HandoffStatus | HandoffCancel | CaseAssign | CasePolicy | MailSend
 
 
 def _bad(detail: str) -> WireError:
-    return WireError(detail, code="invalid-message", status=400)
+    return WireError(detail, code="invalid-message")
 
 
 class _Duplicated(dict[str, Any]):
@@ -306,12 +306,10 @@ def parse_envelope(raw: bytes) -> Envelope:
 
 
 def check_may_send(peer_kind: str, envelope: Envelope) -> None:
-    """``403 forbidden`` unless a peer of this kind may send this type to email."""
+    """``forbidden`` unless a peer of this kind may send this type to email."""
     if envelope.type not in MAY_SEND.get(peer_kind, frozenset()):
         raise WireError(
-            f"type: a {peer_kind} may not send {envelope.type} to email",
-            code="forbidden",
-            status=403,
+            f"type: a {peer_kind} may not send {envelope.type} to email", code="forbidden"
         )
 
 
@@ -332,8 +330,9 @@ def decode(envelope: Envelope) -> Inbound:
             policy = _policy(b["policy"], "policy") if b.get("policy") is not None else None
             resource_id = _str(b, "resource_id", 64)
             try:
-                # The grammar is a schema fault (400 before 404, docs/protocol.md §9);
-                # the 47-octet bound needs the intake's type and comes later.
+                # The grammar is a schema fault (invalid-message before unknown-intake,
+                # docs/protocol.md §9); the 47-octet bound needs the intake's type and
+                # comes later.
                 check_id_grammar(resource_id)
             except AddressError as exc:
                 raise _bad(f"resource_id: {exc.detail}") from exc
@@ -347,7 +346,7 @@ def decode(envelope: Envelope) -> Inbound:
             return MailSend(
                 envelope.id, case, _id(b, "in_reply_to"), subject, _str(b, "body", MAX_BODY)
             )
-    raise WireError(f"type: email does not receive {envelope.type}", code="forbidden", status=403)
+    raise WireError(f"type: email does not receive {envelope.type}", code="forbidden")
 
 
 def _status(mid: str, case: CaseRef, b: Mapping[str, Any]) -> HandoffStatus:

@@ -28,7 +28,7 @@ from masd.core.engine import (
     authorize_status,
     status_from_mode,
 )
-from masd.core.errors import MasdError, TransitionError, WireError
+from masd.core.errors import Answer, MasdError, TransitionError, WireError
 from masd.core.event import ParsedMail, build_event
 from masd.core.slave import (
     assigned_before,
@@ -59,9 +59,18 @@ log = logging.getLogger("masd")
 Handled = tuple[Reply, Applied]
 
 
+#: The status the edge answers a kind with (:data:`masd.edges.http.shared.status_of`):
+#: the service keeps it with the answer, so a repeat gets the original one.
+StatusOf = Callable[[Answer], int]
+
+
 @dataclass(frozen=True)
 class Received:
-    """The answer to a contract message, and what its store job wrote."""
+    """The answer to a contract message, and what its store job wrote.
+
+    ``status`` is what :data:`StatusOf` gave the answer's kind, or what was kept
+    for a repeated (peer, id).
+    """
 
     status: int
     body: Mapping[str, Any]
@@ -71,7 +80,9 @@ class Received:
     statuses: tuple[Status, ...] = ()
 
 
-def receive(rt: Runtime, tx: Tx, who: Principal, env: Envelope, now: float) -> Received:
+def receive(
+    rt: Runtime, tx: Tx, who: Principal, env: Envelope, now: float, status_of: StatusOf
+) -> Received:
     """A contract message that passed authentication and the envelope checks.
 
     docs/protocol.md §9 order from here: idempotency, schema, unknown case/handoff,
@@ -89,12 +100,13 @@ def receive(rt: Runtime, tx: Tx, who: Principal, env: Envelope, now: float) -> R
             msg = decode(env)
             reply, applied = HANDLERS[env.type](job, who, env, msg)
     except (WireError, TransitionError) as exc:
-        status = exc.status if isinstance(exc, WireError) else 409
+        status = status_of(exc.code)
         body: dict[str, Any] = {"ok": False, "error": exc.code, "detail": exc.detail}
         idempotency.keep(tx, who.id, env.id, status, body, now)
         return Received(status, body)
-    idempotency.keep(tx, who.id, env.id, reply.status, reply.body, now)
-    return Received(reply.status, dict(reply.body), applied.wakes, applied.statuses)
+    status = status_of(reply.kind)
+    idempotency.keep(tx, who.id, env.id, status, reply.body, now)
+    return Received(status, dict(reply.body), applied.wakes, applied.statuses)
 
 
 # --------------------------------------------------------------------------- modes and webhooks
@@ -103,7 +115,7 @@ def receive(rt: Runtime, tx: Tx, who: Principal, env: Envelope, now: float) -> R
 def _case_named(job: Job, key: str) -> CaseView:
     case = load_case(job.rt, job.tx, key)
     if case is None:
-        raise WireError(f"case.key: no case {key}", code="unknown-case", status=404)
+        raise WireError(f"case.key: no case {key}", code="unknown-case")
     return case
 
 
@@ -111,9 +123,7 @@ def _handoff_named(job: Job, case: CaseView, handoff_id: str) -> HandoffView:
     handoff = named_handoff(job.rt, job.tx, case, handoff_id)
     if handoff is None or handoff.case_key != case.key:
         raise WireError(
-            f"handoff_id: no handoff {handoff_id} on case {case.key}",
-            code="unknown-handoff",
-            status=404,
+            f"handoff_id: no handoff {handoff_id} on case {case.key}", code="unknown-handoff"
         )
     return handoff
 
@@ -148,8 +158,8 @@ def _handoff_status(job: Job, who: Principal, env: Envelope, msg: HandoffStatus)
 def _check_webhook(
     rt: Runtime, domain: str, type_: str, patch: PolicyPatch | None, field: str
 ) -> None:
-    """docs/protocol.md §18: a transfers URL outside the configured webhooks is ``400
-    invalid-message``.
+    """docs/protocol.md §18: a transfers URL outside the configured webhooks is
+    ``invalid-message``.
     """
     if patch is None or patch.transfers in (None, "block"):
         return
@@ -182,7 +192,7 @@ def _case_policy(job: Job, who: Principal, env: Envelope, msg: CasePolicy) -> Ha
     _check_webhook(job.rt, domain, type_, msg.policy, "transfers.webhook")
     case = _master_case(job, who, env, msg.case.key)
     policy = patched(policy_of(job.rt, job.tx, case), msg.policy)
-    return Reply(200, OK), apply(job, case, [SetPolicy(policy)])
+    return Reply("ok", OK), apply(job, case, [SetPolicy(policy)])
 
 
 def _mail_send(job: Job, who: Principal, env: Envelope, msg: MailSend) -> Handled:
@@ -200,8 +210,8 @@ def _mail_send(job: Job, who: Principal, env: Envelope, msg: MailSend) -> Handle
             "reason": refusal,
             "detail": f"in_reply_to {msg.in_reply_to}: {refusal}",
         }
-        return Reply(422, body), applied
-    return Reply(200, {"ok": True, "sent": True}), applied
+        return Reply("refused", body), applied
+    return Reply("ok", {"ok": True, "sent": True}), applied
 
 
 def _handoff_cancel(job: Job, who: Principal, env: Envelope, msg: HandoffCancel) -> Handled:
@@ -223,7 +233,7 @@ def _handoff_cancel(job: Job, who: Principal, env: Envelope, msg: HandoffCancel)
 def _intake(job: Job, intake_ref: str) -> messages.Intake:
     found = messages.intake(job.tx, intake_ref)
     if found is None:
-        raise WireError(f"intake_ref: no intake {intake_ref}", code="unknown-intake", status=404)
+        raise WireError(f"intake_ref: no intake {intake_ref}", code="unknown-intake")
     return found
 
 
@@ -274,7 +284,7 @@ def _case_assign(job: Job, who: Principal, env: Envelope, msg: CaseAssign) -> Ha
     )
     applied = apply(job, case, effects, quiet=True)
     log.info("intake assigned intake_ref=%s key=%s", msg.intake_ref, case.key)
-    return Reply(200, {"ok": True, "case": ref}), applied
+    return Reply("ok", {"ok": True, "case": ref}), applied
 
 
 Handler = Callable[[Job, Principal, Envelope, Any], Handled]

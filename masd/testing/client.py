@@ -14,11 +14,10 @@ from urllib.parse import quote
 
 import httpx
 
+from masd.edges.http.shared import CASES_PATH, CLOCK_PATH, MESSAGES_PATH
+
 __all__ = ["CASES_PATH", "CLOCK_PATH", "MESSAGES_PATH", "MasdClient", "bearer", "envelope"]
 
-MESSAGES_PATH: Final = "/mas/v0.1/messages"
-CASES_PATH: Final = "/mas/v0.1/cases"
-CLOCK_PATH: Final = "/mas/v0.1/test/clock"
 #: The largest thread page the read side serves.
 PAGE: Final = 1000
 

@@ -1,0 +1,22 @@
+"""``GET /mas/v0.1/cases/{key}``: one case (docs/protocol.md §16.1,
+:func:`masd.read.case_views.case_json`)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+
+from masd.edges.http.shared import CASE_PATH, HttpRefusal, Route, Served, stored
+from masd.read import case_views as readside
+
+
+async def case(request: web.Request, edge: Served) -> web.StreamResponse:
+    key = request.match_info["key"]
+    doc = await stored(edge.store.read(lambda db: readside.case_json(db, key)))
+    if doc is None:
+        raise HttpRefusal("unknown-case", f"key: no case {key}")
+    return web.json_response(doc)
+
+
+ROUTES: Final = (Route("GET", CASE_PATH, case, "admin"),)

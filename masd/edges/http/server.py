@@ -1,0 +1,151 @@
+"""The HTTP listener: bound, limited, started and closed (docs/protocol.md §9).
+
+Limits (:class:`HttpLimits`): a request head must arrive within 10 s of its first byte (or
+of the connection), an idle keep-alive connection is closed after 75 s, and at most
+``server.max_http_connections`` are open at once; one more is answered 503 as it is
+accepted and closed (:mod:`masd.edges.limits`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Final
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from masd.config import Listen
+from masd.edges.http.edge import HttpEdge
+from masd.edges.http.shared import RETRY_AFTER
+from masd.edges.limits import Gate
+from masd.edges.sockets import ListenError, serve
+
+log = logging.getLogger("masd.http")
+
+#: docs/protocol.md §9: the limits, by default (``server.max_http_connections`` for the cap).
+HEADER_TIMEOUT: Final = 10.0
+KEEPALIVE_TIMEOUT: Final = 75.0
+MAX_CONNECTIONS: Final = 1000
+
+
+class _ServerLog(logging.Logger):
+    """The HTTP server's own log: a request it cannot parse is the client's
+    fault, one INFO line; anything else keeps its traceback."""
+
+    def exception(
+        self, msg: object, *args: object, exc_info: object = True, **kwargs: object
+    ) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            text = str(msg) % args if args else str(msg)
+            reason = " ".join(str(exc_info).split())
+            log.info("%s: not a valid HTTP request (%s)", text, reason[:300])
+            return
+        log.error(msg, *args, exc_info=exc_info if isinstance(exc_info, BaseException) else True)
+
+
+_SERVER_LOG: Final = _ServerLog("masd.http.server")
+
+
+class HttpListenError(ListenError):
+    """The HTTP listener cannot start (address in use, a non-socket at the path)."""
+
+    code = "http-listen"
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """docs/protocol.md §9's limits on the HTTP listener (seconds and a count)."""
+
+    max_connections: int = MAX_CONNECTIONS
+    header_timeout: float = HEADER_TIMEOUT
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+
+
+def _over_the_limit(limit: int) -> bytes:
+    """The whole answer to a connection over the limit: 503, then the close."""
+    body = json.dumps(
+        {
+            "ok": False,
+            "error": "unavailable",
+            "detail": f"{limit} connections open (server.max_http_connections); retry later",
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "Content-Type: application/json; charset=utf-8\r\n"
+        f"Retry-After: {RETRY_AFTER}\r\n"
+        "Connection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class HttpServer:
+    """A started listener: ``addresses`` as bound, ``gate`` its counts, ``close()``."""
+
+    def __init__(self, runner: web.AppRunner, server: asyncio.Server, gate: Gate) -> None:
+        self._runner = runner
+        self._server = server
+        self.gate = gate
+        self.addresses: list[tuple[str, int] | str] = []
+        for sock in server.sockets:
+            name = sock.getsockname()
+            if isinstance(name, tuple):
+                self.addresses.append((str(name[0]), int(name[1])))
+            else:
+                self.addresses.append(str(name))
+
+    async def close(self) -> None:
+        """Stop accepting, let requests in flight finish, then close."""
+        self._server.close()
+        await self._runner.cleanup()
+        await self._server.wait_closed()
+
+
+async def start_http(
+    listen: Listen,
+    edge: HttpEdge,
+    *,
+    sock: socket.socket | None = None,
+    limits: HttpLimits = HttpLimits(),
+) -> HttpServer:
+    """Bind ``listen`` (TCP, port 0 allowed, or a unix socket, mode 0660 before
+    it accepts anyone) and serve.
+
+    ``sock``, an already listening socket (socket activation), is served
+    instead of binding ``listen``.
+    """
+    gate = Gate(
+        _unset,
+        name="http",
+        limit=limits.max_connections,
+        refusal=_over_the_limit(limits.max_connections),
+        header_timeout=limits.header_timeout,
+        on_refused=lambda: edge.metrics.inc("masd_connections_refused_total", listener="http"),
+    )
+    runner = web.AppRunner(
+        edge.app(gate),
+        access_log=None,
+        shutdown_timeout=10.0,
+        keepalive_timeout=limits.keepalive_timeout,
+        logger=_SERVER_LOG,
+    )
+    await runner.setup()
+    assert runner.server is not None
+    gate.factory = runner.server
+    try:
+        server = await serve(gate, listen, sock=sock, error=HttpListenError)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    started = HttpServer(runner, server, gate)
+    log.info("http listening on %s", ", ".join(str(a) for a in started.addresses))
+    return started
+
+
+def _unset() -> asyncio.Protocol:
+    raise AssertionError("the HTTP gate is used before the server is set up")
