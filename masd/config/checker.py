@@ -44,12 +44,15 @@ class Checker:
         self.errors: list[ConfigError] = []
         self.warnings: list[str] = []
         self.secrets: dict[str, _Secret] = {}
+        #: The file being walked when it is not the main one (a domains_dir file).
+        self.file = ""
 
     def error(self, path: str, detail: str) -> None:
-        self.errors.append(ConfigError(detail, path=path))
+        self.errors.append(ConfigError(detail, path=path, file=self.file))
 
     def warn(self, path: str, text: str) -> None:
-        self.warnings.append(f"{path}: {text}" if path else text)
+        where = ": ".join(part for part in (self.file, path) if part)
+        self.warnings.append(f"{where}: {text}" if where else text)
 
     # ---- tables and typed keys
 
@@ -190,7 +193,8 @@ class Checker:
         # service (same kind, same URL) may serve several types with one secret.
         first = self.secrets.get(token)
         if first is None:
-            self.secrets[token] = _Secret(path, kind, url)
+            where = f"{self.file}: {path}" if self.file else path
+            self.secrets[token] = _Secret(where, kind, url)
         elif (first.kind, first.url) != (kind, url) or kind == "admin":
             whose = (
                 "the admin secret" if first.kind == "admin" else f"the {first.kind} at {first.url}"
