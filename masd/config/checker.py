@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 
 from masd.config.model import Listen
 from masd.config.names import did_you_mean, join, show
+from masd.config.placeholders import MAKE_ONE, PLACEHOLDER_SECRETS
 from masd.config.values import parse_duration, parse_listen, url_problem
 from masd.core.errors import ConfigError
 
@@ -185,6 +186,13 @@ class Checker:
             return ""
         token = self._token(path, text, data)
         if not token:
+            return ""
+        if token in PLACEHOLDER_SECRETS:
+            self.error(
+                path,
+                f"{self.resolve(text)} holds a placeholder secret shipped with masd "
+                f"(secrets-example), which anyone can read: make your own ({MAKE_ONE})",
+            )
             return ""
         # docs/protocol.md §9: "The sender's identity is the peer whose secret matched,
         # never a field of the message."  One secret must therefore name one
