@@ -33,7 +33,8 @@ def _each(**values: tuple[str, ...]) -> tuple[Labels, ...]:
 _KINDS = tuple(sorted(OUTBOX_KINDS))
 #: Every counter: its help text and the label sets exported at 0 from the start (the values
 #: known in advance; a counter labelled by peer or HTTP status has its HELP and TYPE only,
-#: until its first series).  docs/operations.md §10 lists them (tests/test_metrics_doc.py).
+#: until its first series, whose first event alert rules see by its appearance).
+#: docs/operations.md §10 lists them (tests/test_metrics_doc.py).
 COUNTERS: Final[Mapping[str, tuple[str, tuple[Labels, ...]]]] = {
     "masd_deliveries_total": (
         "LMTP deliveries per recipient, by outcome.",
@@ -73,7 +74,21 @@ COUNTERS: Final[Mapping[str, tuple[str, tuple[Labels, ...]]]] = {
         "Postfix policy delegation requests, by outcome.",
         _each(outcome=("dunno", "reject", "defer", "not-rcpt", "malformed")),
     ),
-    "masd_milter_replies_total": ("Milter answers, by stage (rcpt, eom) and outcome.", ()),
+    "masd_milter_replies_total": (
+        "Milter answers, by stage (rcpt, eom) and outcome.",
+        _each(
+            stage=("rcpt",),
+            outcome=(
+                "recipient-ok",
+                "unknown-domain",
+                "bad-address",
+                "unknown-type",
+                "unknown-case",
+                "fault",
+            ),
+        )
+        + _each(stage=("eom",), outcome=("too-big", "continue")),
+    ),
     "masd_http_requests_total": ("Contract messages received over HTTP, by HTTP status.", ()),
     "masd_connections_refused_total": (
         "Connections refused over a listener's cap, by listener.",

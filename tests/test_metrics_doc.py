@@ -1,4 +1,5 @@
-"""Every metric docs/operations.md §10 documents is on /metrics from masd's first scrape.
+"""Every metric docs/operations.md §10 documents is on /metrics from masd's first scrape,
+and every metric the shipped alert rules and dashboard name is one of them.
 
 masd runs as a real process; /metrics is read right after READY=1, before any
 mail, request or send, and compared with the table of the guide: each metric
@@ -13,6 +14,7 @@ import re
 from pathlib import Path
 
 import httpx
+import pytest
 from support.masd_process import WAIT, MasdProcess, write_master_config
 
 from masd.metrics import COUNTERS
@@ -20,6 +22,9 @@ from masd.testing.peers import SmtpSink
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "operations.md"
+RULES = ROOT / "packaging" / "prometheus" / "masd-alerts.yml"
+RULE_TESTS = ROOT / "packaging" / "prometheus" / "masd-alerts.test.yml"
+DASHBOARD = ROOT / "packaging" / "grafana" / "masd.json"
 
 
 def documented() -> dict[str, tuple[str, ...]]:
@@ -60,9 +65,14 @@ def test_the_guide_lists_every_metric_masd_knows() -> None:
     assert len(names) >= 19
 
 
-def test_every_documented_metric_is_exported_from_the_start(tmp_path: Path) -> None:
-    page = asyncio.run(_first_scrape(tmp_path))
-    types, series, values = parse(page)
+@pytest.fixture(scope="module")
+def first_page(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """/metrics of a masd just started: nothing delivered, sent or requested yet."""
+    return asyncio.run(_first_scrape(tmp_path_factory.mktemp("metrics")))
+
+
+def test_every_documented_metric_is_exported_from_the_start(first_page: str) -> None:
+    types, series, values = parse(first_page)
     guide = documented()
     assert set(types) == set(guide), "the guide and /metrics list the same metrics"
     for name, labels in guide.items():
@@ -77,6 +87,31 @@ def test_every_documented_metric_is_exported_from_the_start(tmp_path: Path) -> N
     assert values['masd_outbox_record_failures_total{kind="mail"}'] == 0
     assert values['masd_connections_refused_total{listener="lmtp"}'] == 0
     assert values["masd_store_writable"] == 1
+
+
+def named(text: str) -> set[str]:
+    return set(re.findall(r"\bmasd_[a-z_]+\b", text))
+
+
+def test_every_metric_the_alerts_and_the_dashboard_name_is_masd_s(first_page: str) -> None:
+    exported = set(parse(first_page)[0])
+    rules = named(RULES.read_text())
+    board = named(DASHBOARD.read_text())
+    assert rules <= exported, rules - exported
+    assert board <= exported, board - exported
+    assert board == exported, "the dashboard shows every metric"
+
+
+def test_the_rule_tests_feed_series_shaped_like_masd_s(first_page: str) -> None:
+    """Each input series of masd-alerts.test.yml: a metric masd exports, with its labels
+    (and the instance and job Prometheus adds), no more and no fewer."""
+    exported, guide = set(parse(first_page)[0]), documented()
+    inputs = re.findall(r"series: '(masd_[a-z_]+)\{([^}]*)\}'", RULE_TESTS.read_text())
+    assert len(inputs) > 20
+    for name, labels in inputs:
+        assert name in exported, name
+        given = set(re.findall(r'([a-z_]+)="', labels)) - {"instance", "job"}
+        assert given == set(guide[name]), (name, given)
 
 
 async def _first_scrape(tmp_path: Path) -> str:

@@ -102,6 +102,19 @@ def test_the_mta_files_the_guide_installs_are_shipped(tree: Path) -> None:
     assert "/usr/share/doc/masd/dmarc/opendkim.conf /etc/opendkim.conf" in guide
 
 
+def test_the_dashboard_and_the_alert_rules_are_shipped(tree: Path) -> None:
+    share = tree / "usr" / "share" / "masd"
+    for shipped, source in [
+        (share / "grafana" / "masd.json", ROOT / "packaging" / "grafana" / "masd.json"),
+        (share / "prometheus" / "masd-alerts.yml", ROOT / "packaging/prometheus/masd-alerts.yml"),
+        (
+            share / "prometheus" / "masd-alerts.test.yml",
+            ROOT / "packaging/prometheus/masd-alerts.test.yml",
+        ),
+    ]:
+        assert shipped.read_bytes() == source.read_bytes(), shipped
+
+
 def test_postinst_gives_the_placeholder_secrets_to_masd(deb: Path, tmp_path: Path) -> None:
     run("dpkg-deb", "--control", deb, tmp_path)
     postinst = (tmp_path / "postinst").read_text()
