@@ -18,6 +18,9 @@ from pathlib import Path
 from support.masd_process import WAIT, MasdProcess, mx_mail, wait_until, write_master_config
 
 from masd import lmtpclient
+from masd.config import Config, parse_config
+from masd.service import Runtime
+from masd.service.runtime import Job
 from masd.testing.peers import FakePeer, SmtpSink
 
 ANN = "ann@example.org"
@@ -96,3 +99,20 @@ def test_reload_without_a_running_masd_says_so(tmp_path: Path) -> None:
     assert done.returncode == 2, done
     assert f"cannot read {tmp_path / 'masd.pid'}" in done.stderr
     assert "is masd running?" in done.stderr
+
+
+def test_a_job_keeps_the_configuration_it_started_with(tmp_path: Path) -> None:
+    """Runtime.replace_config reaches the next input; a Job holds the one of its start."""
+
+    def config(domain: str) -> Config:
+        server = {"lmtp": "127.0.0.1:2424", "http": "127.0.0.1:8025"}
+        domains = {domain: {"types": {"ticket": {"role": "master"}}}}
+        return parse_config({"server": server, "domains": domains}, base_dir=tmp_path)
+
+    rt = Runtime(config("help.example"), lambda: "id")
+    job = Job(rt, tx=None, now=0.0)  # type: ignore[arg-type]  # no store job: only the runtime
+    rt.replace_config(config("shop.example"))
+    assert list(rt.config.domains) == ["shop.example"]
+    assert rt.type_view("shop.example", "ticket").role == "master"
+    assert list(job.rt.config.domains) == ["help.example"]
+    assert job.rt.type_view("help.example", "ticket").role == "master"
