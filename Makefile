@@ -31,8 +31,8 @@ $(BIN)/.installed: pyproject.toml | example-secrets $(BIN)/python
 	touch $(BIN)/.runtime $@
 
 # git keeps no file modes: the example's placeholder secrets get the 0600 masd asks of
-# every secret, so `masd check-config packaging/masd.toml.example` has nothing to warn
-# about. Runs before every target that uses the virtualenv.
+# every secret, so `masd check-config packaging/masd.toml.example` warns about no mode
+# (it refuses the placeholders themselves). Runs before every target that uses the virtualenv.
 example-secrets:
 	@chmod 600 packaging/secrets-example/*.token
 

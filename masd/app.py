@@ -4,9 +4,11 @@ Start order: store (migrations applied), then the outbox and the deadline
 timer (so work left by a previous run resumes), then the LMTP and HTTP
 listeners and, when configured, the policy and milter listeners
 (``server.policy``, ``server.milter``); ``READY=1`` goes to systemd when they
-all listen.  Stop order (SIGTERM): the policy and milter listeners first, then
-stop accepting, let in-flight deliveries and requests finish, let in-flight
-sends finish, close the store; exit 0.
+all listen.  ``SIGHUP`` (:meth:`App.reload`) re-reads the configuration
+files and swaps the running configuration when they are valid.  Stop order
+(SIGTERM): the policy and milter listeners first, then stop accepting, let
+in-flight deliveries and requests finish, let in-flight sends finish, close
+the store; exit 0.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import signal
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from masd.clock import Clock
-from masd.config import Config
+from masd.config import Config, ConfigErrors, load_config
+from masd.config.reload import restart_needed
 from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler, start_lmtp
@@ -35,7 +39,7 @@ from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
-from masd.service import PURGE_BATCH, Runtime, Wakes, purge
+from masd.service import PURGE_BATCH, Runtime, Wakes, purge, reloading
 from masd.store import Store
 
 log = logging.getLogger("masd.app")
@@ -110,11 +114,17 @@ class App:
         *,
         clock: Clock | None = None,
         sockets: Mapping[str, socket.socket] | None = None,
+        pid_file: Path | None = None,
     ) -> None:
         """``sockets``: listening sockets by listener name, served instead of
         binding the configured address; by default those systemd passed
-        (``LISTEN_FDS``, see :mod:`masd.edges.sockets`)."""
+        (``LISTEN_FDS``, see :mod:`masd.edges.sockets`).  ``pid_file``: where
+        :meth:`run` writes its pid, and each reload its outcome
+        (:mod:`masd.service.reloading`)."""
         self.config = config
+        self._pid_file = pid_file
+        self._reload_lock = asyncio.Lock()
+        self.reloads = 0
         self._sockets = sockets
         self.clock = clock or Clock()
         self.metrics = Metrics()
@@ -144,11 +154,7 @@ class App:
         self.listening = await self._listen(ctx, inherited)
         server = self.config.server
         http, policy, milter = self.listening.http, self.listening.policy, self.listening.milter
-        bound = http.addresses[0] if http.addresses else None
-        if urlsplit(server.public_url).port == 0 and isinstance(bound, tuple):
-            # public_url defaulted from "host:0": statuses go to the port bound.
-            host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-            self.rt.status_url = f"http://{host}:{bound[1]}/mas/v0.1/messages"
+        self._bound_status_url()
         log.info(
             "ready lmtp=%s http=%s policy=%s milter=%s database=%s",
             _where(self.listening.lmtp),
@@ -159,6 +165,55 @@ class App:
         )
         sd_notify("READY=1")
         return self.listening
+
+    def _bound_status_url(self) -> None:
+        """A public_url defaulted from "host:0": statuses go to the port bound."""
+        assert self.listening is not None
+        http = self.listening.http
+        bound = http.addresses[0] if http.addresses else None
+        if urlsplit(self.config.server.public_url).port == 0 and isinstance(bound, tuple):
+            host = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+            self.rt.status_url = f"http://{host}:{bound[1]}/mas/v0.1/messages"
+
+    async def reload(self) -> reloading.ReloadOutcome:
+        """Re-read the configuration files; a valid result replaces the running one.
+
+        Connections stay open; each input from now on reads the new
+        configuration.  An invalid result, or one that changes what is bound
+        at start (:data:`~masd.config.reload.RESTART_KEYS`), is refused and
+        logged, and the running configuration kept.
+        """
+        async with self._reload_lock:
+            outcome = await self._reload()
+            self.reloads += 1
+            if self._pid_file is not None:
+                reloading.write_status(self._pid_file, self.reloads, outcome)
+        return outcome
+
+    async def _reload(self) -> reloading.ReloadOutcome:
+        source = self.config.source
+        try:
+            new = await asyncio.to_thread(load_config, source)
+        except ConfigErrors as exc:
+            refused = tuple(str(error) for error in exc.errors)
+        else:
+            refused = tuple(restart_needed(self.config, new))
+        if refused:
+            log.error(
+                "reload refused, the running configuration is kept: %s: %s",
+                source,
+                "; ".join(refused),
+            )
+            return reloading.ReloadOutcome(False, (f"reload refused: {source}", *refused))
+        for warning in new.warnings:
+            log.warning("reload: %s", warning)
+        self.rt.replace_config(new)
+        self.config = new
+        if self.listening is not None:
+            self._bound_status_url()
+        domains = ", ".join(sorted(new.domains))
+        log.info("reloaded %s: domains %s", source, domains)
+        return reloading.ReloadOutcome(True, (f"reloaded {source}: domains {domains}",))
 
     async def _listen(self, ctx: EdgeContext, inherited: Mapping[str, socket.socket]) -> Listening:
         """Start every listener; if one cannot start, close those already started."""
@@ -249,7 +304,16 @@ class App:
             await asyncio.sleep(0.05)
 
     async def run(self) -> None:
-        """Start, serve until SIGTERM or SIGINT, stop."""
+        """Start, serve until SIGTERM or SIGINT (reloading on SIGHUP), stop."""
+        if self._pid_file is not None:
+            reloading.write_pid(self._pid_file)
+        try:
+            await self._serve()
+        finally:
+            if self._pid_file is not None:
+                reloading.remove_pid(self._pid_file)
+
+    async def _serve(self) -> None:
         try:
             await self.start()
         except BaseException:
@@ -261,10 +325,21 @@ class App:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[reloading.ReloadOutcome]] = set()
+
+        def hangup() -> None:
+            log.info("SIGHUP received; reloading %s", self.config.source)
+            task = asyncio.ensure_future(self.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, hangup)
         try:
             await stop.wait()
             log.info("signal received; stopping")
         finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+            await asyncio.gather(*reloads, return_exceptions=True)
             await self.stop()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 from masd.core.kinds import OUTBOX_KINDS
 from masd.core.status import MACHINE
@@ -18,21 +19,91 @@ from masd.store import gauges as counts
 Series = dict[tuple[tuple[str, str], ...], float]
 Gauges = dict[str, tuple[str, Series]]
 
-_HELP = {
-    "masd_deliveries_total": "LMTP deliveries per recipient, by outcome.",
-    "masd_messages_total": "Messages recorded, by DMARC verdict (absent: no trusted A-R).",
-    "masd_outbox_attempts_total": "Outbox delivery attempts, by kind and result.",
-    "masd_deadlines_fired_total": "Handoff deadlines reached (timed-out recorded).",
-    "masd_policy_requests_total": "Postfix policy delegation requests, by outcome.",
-    "masd_http_requests_total": "Contract messages received over HTTP, by HTTP status.",
-    "masd_outbox_wakes_total": "Times a commit that queued outbox rows woke the sender.",
-    "masd_timer_wakes_total": "Times the deadline timer was woken to look again.",
+Labels = tuple[tuple[str, str], ...]
+
+
+def _each(**values: tuple[str, ...]) -> tuple[Labels, ...]:
+    """Every combination of the label values given (in the order given), sorted by name."""
+    combos: list[Labels] = [()]
+    for name, options in values.items():
+        combos = [(*combo, (name, option)) for combo in combos for option in options]
+    return tuple(tuple(sorted(combo)) for combo in combos)
+
+
+_KINDS = tuple(sorted(OUTBOX_KINDS))
+#: Every counter: its help text and the label sets exported at 0 from the start (the values
+#: known in advance; a counter labelled by peer or HTTP status has its HELP and TYPE only,
+#: until its first series, whose first event alert rules see by its appearance).
+#: docs/operations.md §10 lists them (tests/test_metrics_doc.py).
+COUNTERS: Final[Mapping[str, tuple[str, tuple[Labels, ...]]]] = {
+    "masd_deliveries_total": (
+        "LMTP deliveries per recipient, by outcome.",
+        _each(
+            outcome=(
+                "recorded",
+                "duplicate",
+                "unknown-case",
+                "unknown-type",
+                "unknown-domain",
+                "bad-address",
+                "too-big",
+                "line-too-long",
+                "fault",
+                "too-many-sessions",
+            )
+        ),
+    ),
+    "masd_messages_total": (
+        "Messages recorded, by DMARC verdict (absent: no trusted A-R).",
+        _each(trust=("pass", "fail", "none", "temperror", "permerror", "absent")),
+    ),
+    "masd_outbox_attempts_total": (
+        "Outbox delivery attempts, by kind and result.",
+        _each(kind=_KINDS, result=("done", "retry", "failed", "gave-up")),
+    ),
+    "masd_outbox_circuit_total": (
+        "Circuit breaker events of a peer or the relay (opened, reopened, closed).",
+        (),
+    ),
+    "masd_outbox_record_failures_total": (
+        "Sends whose outcome the store refused to record (recorded again later).",
+        _each(kind=_KINDS),
+    ),
+    "masd_deadlines_fired_total": ("Handoff deadlines reached (timed-out recorded).", ((),)),
+    "masd_policy_requests_total": (
+        "Postfix policy delegation requests, by outcome.",
+        _each(outcome=("dunno", "reject", "defer", "not-rcpt", "malformed")),
+    ),
+    "masd_milter_replies_total": (
+        "Milter answers, by stage (rcpt, eom) and outcome.",
+        _each(
+            stage=("rcpt",),
+            outcome=(
+                "recipient-ok",
+                "unknown-domain",
+                "bad-address",
+                "unknown-type",
+                "unknown-case",
+                "fault",
+            ),
+        )
+        + _each(stage=("eom",), outcome=("too-big", "continue")),
+    ),
+    "masd_http_requests_total": ("Contract messages received over HTTP, by HTTP status.", ()),
+    "masd_connections_refused_total": (
+        "Connections refused over a listener's cap, by listener.",
+        _each(listener=("lmtp", "http")),
+    ),
+    "masd_outbox_wakes_total": ("Times a commit that queued outbox rows woke the sender.", ((),)),
+    "masd_timer_wakes_total": ("Times the deadline timer was woken to look again.", ((),)),
 }
 
 
 class Metrics:
     def __init__(self) -> None:
-        self._counters: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
+        self._counters: dict[str, dict[Labels, float]] = defaultdict(dict)
+        for name, (_, label_sets) in COUNTERS.items():
+            self._counters[name] = {labels: 0.0 for labels in label_sets}
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
         key = tuple(sorted(labels.items()))
@@ -46,8 +117,9 @@ class Metrics:
         self, gauges: Mapping[str, tuple[str, Mapping[tuple[tuple[str, str], ...], float]]] = {}
     ) -> str:
         lines: list[str] = []
-        for name in sorted(set(_HELP) | set(self._counters)):
-            lines.append(f"# HELP {name} {_HELP.get(name, name)}")
+        for name in sorted(set(COUNTERS) | set(self._counters)):
+            help_text = COUNTERS[name][0] if name in COUNTERS else name
+            lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} counter")
             for labels, value in sorted(self._counters.get(name, {}).items()):
                 lines.append(f"{name}{_labels(labels)} {value:g}")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from support.example import copy_example
 
 from masd import __version__
 from masd.cli import main
@@ -21,13 +21,8 @@ C = 'domains."help.example".types.case'
 
 @pytest.fixture
 def example_copy(tmp_path: Path) -> Path:
-    """The example and its secrets, copied with 0600 token files (a checkout may not keep them)."""
-    shutil.copytree(ROOT / "packaging" / "secrets-example", tmp_path / "secrets-example")
-    for token in (tmp_path / "secrets-example").glob("*.token"):
-        token.chmod(0o600)
-    copy = tmp_path / "masd.toml"
-    shutil.copyfile(EXAMPLE, copy)
-    return copy
+    """The example, with secrets of its own in 0600 token files."""
+    return copy_example(tmp_path)
 
 
 def break_example(path: Path) -> None:
@@ -71,11 +66,33 @@ def test_example_passes(example_copy: Path) -> None:
     assert len(out.splitlines()) <= 24  # one screen
 
 
-def test_the_example_in_place_passes() -> None:
-    """The shipped file passes as is (warnings allowed: a checkout may widen token modes)."""
+def test_the_example_in_place_is_refused_for_its_placeholder_secrets() -> None:
+    """The shipped file as is: every error is a placeholder secret, named by key path and file
+    (warnings allowed: a checkout may widen token modes)."""
     result = CliRunner().invoke(main, ["check-config", str(EXAMPLE)])
-    assert result.exit_code == 0, result.output
-    assert all(line.startswith("warning: ") for line in result.stderr.splitlines())
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("warning: ")]
+    placeholders = ROOT / "packaging" / "secrets-example"
+    assert errors == [
+        f"{key}: {placeholders / name} holds a placeholder secret shipped with masd "
+        "(secrets-example), which anyone can read: make your own "
+        "(head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE)"
+        for key, name in [
+            ("server.admin_token_file", "admin.token"),
+            (f"{T}.endpoints.callback.token_file", "callback.token"),
+            (f"{C}.master.token_file", "crm.token"),
+            (f"{C}.webhooks[0].token_file", "transfer.token"),
+        ]
+    ] + [f"masd: 4 errors in {EXAMPLE}"]
+
+
+def test_a_copy_of_a_placeholder_secret_is_refused_too(example_copy: Path) -> None:
+    shipped = ROOT / "packaging" / "secrets-example" / "admin.token"
+    token = example_copy.parent / "secrets-example" / "admin.token"
+    token.write_text("  " + shipped.read_text().strip() + "\n")
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"server.admin_token_file: {token} holds a placeholder")
 
 
 def test_warnings_come_before_the_summary(example_copy: Path) -> None:

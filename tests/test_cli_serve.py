@@ -39,3 +39,25 @@ def test_a_port_in_use_prints_the_error_and_nothing_else(tmp_path: Path, listene
     line = lines[0]
     assert line.startswith("masd: "), line
     assert f"('127.0.0.1', {port}): address already in use" in line
+
+
+def test_a_unix_socket_in_a_missing_directory_names_the_directory(tmp_path: Path) -> None:
+    """Without systemd there is no /run/masd: the refusal says which directory, and what else
+    would do."""
+    setup = write_master_config(
+        tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=25, modes=("callback",)
+    )
+    missing = tmp_path / "run" / "masd"
+    text = setup.config.read_text()
+    setup.config.write_text(
+        text.replace(f'lmtp = "127.0.0.1:{setup.lmtp_port}"', f'lmtp = "unix:{missing}/lmtp.sock"')
+    )
+    done = serve(setup.config)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        f"masd: lmtp-listen: cannot listen on unix:{missing}/lmtp.sock: "
+        f"the directory {missing} does not exist"
+    ), lines
+    assert '"127.0.0.1:2424"' in lines[0]

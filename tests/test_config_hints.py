@@ -4,11 +4,11 @@ be a host name.  Each case edits packaging/masd.toml.example as an operator woul
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from support.example import copy_example
 from support.keys import pem
 
 from masd.config import ConfigErrors, load_config
@@ -27,13 +27,9 @@ AUTHSERV_RULE = (
 
 @pytest.fixture
 def example(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "packaging" / "secrets-example", tmp_path / "secrets-example")
-    for token in (tmp_path / "secrets-example").glob("*.token"):
-        token.chmod(0o600)
+    copy = copy_example(tmp_path)
     (tmp_path / "dkim.key").write_bytes(pem(ed25519.Ed25519PrivateKey.generate()))
     (tmp_path / "dkim.key").chmod(0o600)
-    copy = tmp_path / "masd.toml"
-    shutil.copyfile(EXAMPLE, copy)
     return copy
 
 

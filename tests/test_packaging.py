@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.example import copy_example
 from support.system import require_program
 
 import masd
@@ -90,6 +91,36 @@ def test_masd_command_and_example_config(tree: Path) -> None:
     assert (tree / "usr" / "share" / "doc" / "masd" / "operations.md").is_file()
 
 
+def test_the_mta_files_the_guide_installs_are_shipped(tree: Path) -> None:
+    """docs/operations.md §4 and §5 install these from /usr/share/doc/masd/."""
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    for folder in ("postfix", "dmarc"):
+        for path in (ROOT / "packaging" / folder).iterdir():
+            shipped = tree / "usr" / "share" / "doc" / "masd" / folder / path.name
+            assert shipped.read_bytes() == path.read_bytes(), shipped
+    assert "packaging/dmarc/opendkim.conf /etc" not in guide
+    assert "/usr/share/doc/masd/dmarc/opendkim.conf /etc/opendkim.conf" in guide
+
+
+def test_the_dashboard_and_the_alert_rules_are_shipped(tree: Path) -> None:
+    share = tree / "usr" / "share" / "masd"
+    for shipped, source in [
+        (share / "grafana" / "masd.json", ROOT / "packaging" / "grafana" / "masd.json"),
+        (share / "prometheus" / "masd-alerts.yml", ROOT / "packaging/prometheus/masd-alerts.yml"),
+        (
+            share / "prometheus" / "masd-alerts.test.yml",
+            ROOT / "packaging/prometheus/masd-alerts.test.yml",
+        ),
+    ]:
+        assert shipped.read_bytes() == source.read_bytes(), shipped
+
+
+def test_postinst_gives_the_placeholder_secrets_to_masd(deb: Path, tmp_path: Path) -> None:
+    run("dpkg-deb", "--control", deb, tmp_path)
+    postinst = (tmp_path / "postinst").read_text()
+    assert "chown masd:masd /etc/masd/secrets-example/*.token" in postinst
+
+
 def test_conffiles_are_everything_under_etc(deb: Path, tmp_path: Path) -> None:
     run("dpkg-deb", "--control", deb, tmp_path)
     conffiles = (tmp_path / "conffiles").read_text().split()
@@ -101,14 +132,20 @@ def test_conffiles_are_everything_under_etc(deb: Path, tmp_path: Path) -> None:
     assert "adduser --quiet --system --group" in postinst
 
 
-def test_masd_runs_from_the_package_tree(tree: Path) -> None:
-    """The shipped virtualenv works wherever it is unpacked: check-config passes
-    on the example, and every module of the server imports."""
+def test_masd_runs_from_the_package_tree(tree: Path, tmp_path: Path) -> None:
+    """The shipped virtualenv works wherever it is unpacked: check-config refuses the
+    example's placeholder secrets and passes it with secrets of one's own, and every
+    module of the server imports."""
     python = tree / "opt" / "masd" / "bin" / "python"
     example = tree / "etc" / "masd" / "masd.toml.example"
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONNOUSERSITE": "1"}
-    summary = run(python, "-m", "masd", "check-config", example, cwd=tree, env=env)
-    assert summary.startswith(f"{example}: OK\n")
+    command = [str(python), "-m", "masd", "check-config", str(example)]
+    done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 1, done
+    assert done.stderr.count("holds a placeholder secret shipped with masd") == 4, done.stderr
+    own = copy_example(tmp_path)
+    summary = run(python, "-m", "masd", "check-config", own, cwd=tree, env=env)
+    assert summary.startswith(f"{own}: OK\n")
     prefix = run(python, "-c", "import sys, masd.app; print(sys.prefix)", cwd=tree, env=env)
     assert prefix.strip() == str(tree / "opt" / "masd")
 
@@ -119,7 +156,7 @@ def test_pipx_install(tmp_path: Path) -> None:
     run(pipx, "install", ROOT, env=env)
     masd_command = tmp_path / "bin" / "masd"
     assert run(masd_command, "--version", env=env).strip() == f"masd, version {masd.__version__}"
-    example = ROOT / "packaging" / "masd.toml.example"
+    example = copy_example(tmp_path / "own")
     assert run(masd_command, "check-config", example, env=env).startswith(f"{example}: OK\n")
     assert sys.prefix not in run(
         tmp_path / "pipx" / "venvs" / "masd" / "bin" / "python",

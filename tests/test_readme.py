@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.example import copy_example
 from support.system import require_program
 
 from masd._resources import conformance_file
@@ -74,9 +75,10 @@ def test_every_make_target_on_the_virtualenv_first_gives_the_example_secrets_060
         assert lines[0] == "chmod 600 packaging/secrets-example/*.token", (target, lines)
 
 
-def test_the_first_command_of_using_masd_is_quiet_on_a_fresh_clone(tmp_path: Path) -> None:
-    """README: make demo (or make test), then check-config on the example: a summary and
-    not one warning, while a real secret left readable is still warned about."""
+def test_the_first_command_of_using_masd_names_the_placeholder_secrets(tmp_path: Path) -> None:
+    """README: make demo (or make test), then check-config on the example: its four public
+    placeholder secrets are refused and nothing else is said, while a real secret left
+    readable is warned about."""
     make = require_program("make")
     clone = fresh_clone(tmp_path)
     token = clone / "packaging" / "secrets-example" / "admin.token"
@@ -85,11 +87,15 @@ def test_the_first_command_of_using_masd_is_quiet_on_a_fresh_clone(tmp_path: Pat
 
     subprocess.run([make, "-C", str(clone), "example-secrets"], timeout=60, check=True)
     done = subprocess.run(command, cwd=clone, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
-    assert done.stdout.startswith("packaging/masd.toml.example: OK\n")
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 5, lines
+    assert all("holds a placeholder secret shipped with masd" in line for line in lines[:4])
+    assert lines[0].startswith(f"server.admin_token_file: {token} holds a placeholder")
+    assert lines[4] == "masd: 4 errors in packaging/masd.toml.example"
 
-    token.write_text("a-real-secret-0001\n")
+    for n, other in enumerate(sorted(token.parent.glob("*.token"))):
+        other.write_text(f"a-real-secret-000{n}\n")
     token.chmod(0o644)
     done = subprocess.run(command, cwd=clone, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -97,16 +103,14 @@ def test_the_first_command_of_using_masd_is_quiet_on_a_fresh_clone(tmp_path: Pat
         f"warning: server.admin_token_file: {token} is readable by group or others "
         "(mode 0644); chmod 600 it\n"
     )
+    assert done.stdout.startswith("packaging/masd.toml.example: OK\n")
 
 
 def test_the_check_config_errors_quoted_in_the_readme_are_masd_s(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"for a misspelt one, for instance\n\n```\n(.*?)```", readme, re.S)
     assert block is not None
-    shutil.copytree(ROOT / "packaging" / "secrets-example", tmp_path / "secrets-example")
-    for token in (tmp_path / "secrets-example").glob("*.token"):
-        token.chmod(0o600)
-    text = (ROOT / "packaging" / "masd.toml.example").read_text()
+    text = copy_example(tmp_path).read_text()
     for old, new in [
         ("max_message_bytes = 26214400", "max_mesage_bytes = 26214400"),
         ('role = "master"', 'role = "boss"'),

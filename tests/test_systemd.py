@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.example import copy_example
 from support.system import require_program
 
 from masd.config import UnixListen, load_config
@@ -57,15 +58,20 @@ def one(unit: Path, section: str, key: str) -> str:
 def test_service_runs_masd_serve_as_a_notify_service() -> None:
     assert one(SERVICE, "Service", "Type") == "notify"
     assert one(SERVICE, "Service", "ExecStart") == (
-        f"{EXECUTABLE} serve --config /etc/masd/masd.toml"
+        f"{EXECUTABLE} serve --config /etc/masd/masd.toml --pid-file /run/masd/masd.pid"
     )
+    # masd reload finds masd by the pid file, in the RuntimeDirectory masd may write.
+    assert one(SERVICE, "Service", "ExecReload") == (
+        f"{EXECUTABLE} reload --pid-file /run/masd/masd.pid"
+    )
+    assert one(SERVICE, "Service", "RuntimeDirectory") == "masd"
     assert one(SERVICE, "Unit", "ConditionPathExists") == "/etc/masd/masd.toml"
     assert one(SERVICE, "Service", "User") == "masd"
 
 
-def test_directories_match_the_example_config() -> None:
+def test_directories_match_the_example_config(tmp_path: Path) -> None:
     """StateDirectory holds the example's database; RuntimeDirectory its unix sockets."""
-    config = load_config(ROOT / "packaging" / "masd.toml.example")
+    config = load_config(copy_example(tmp_path))
     state = Path("/var/lib") / one(SERVICE, "Service", "StateDirectory")
     runtime = Path("/run") / one(SERVICE, "Service", "RuntimeDirectory")
     assert one(SERVICE, "Service", "ConfigurationDirectory") == "masd"
@@ -146,7 +152,9 @@ def verifiable_copies(directory: Path) -> list[Path]:
     for unit in (SERVICE, *SOCKETS):
         copy = directory / unit.name
         copy.write_text(
-            unit.read_text().replace(f"ExecStart={EXECUTABLE} ", f"ExecStart={program} ")
+            unit.read_text()
+            .replace(f"ExecStart={EXECUTABLE} ", f"ExecStart={program} ")
+            .replace(f"ExecReload={EXECUTABLE} ", f"ExecReload={program} ")
         )
         copies.append(copy)
     return copies

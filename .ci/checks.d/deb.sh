@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the Debian package, install it on this machine, and run masd from it:
-# check-config against the example it installs, as root and as the user masd;
+# check-config against the example it installs, as root and as the user masd (refused for
+# its placeholder secrets only), and against a copy with secrets of its own;
 # systemd-analyze verify on the installed units; reinstall (the upgrade path);
 # purge (the store directory and the user stay).
 set -euo pipefail
@@ -12,7 +13,20 @@ apt-get install -y -qq "./$deb" >/dev/null
 
 test "$(readlink /usr/bin/masd)" = /opt/masd/bin/masd
 masd --version
-masd check-config /etc/masd/masd.toml.example >/dev/null
+# The example as installed: read by root and by masd alike, refused for its four public
+# placeholder secrets and for nothing else (no permission error).
+placeholders_only() {
+    local out
+    if out=$("$@" 2>&1); then echo "$*: accepted the placeholder secrets" >&2; return 1; fi
+    test "$(grep -c 'holds a placeholder secret shipped with masd' <<<"$out")" = 4 \
+        && grep -q '^masd: 4 errors in ' <<<"$out" \
+        || { echo "$*: $out" >&2; return 1; }
+}
+placeholders_only masd check-config /etc/masd/masd.toml.example
+placeholders_only runuser -u masd -- masd check-config /etc/masd/masd.toml.example
+test "$(stat -c %U:%G:%a /etc/masd/secrets-example/admin.token)" = masd:masd:600
+test -f /usr/share/doc/masd/dmarc/opendkim.conf
+test -f /usr/share/doc/masd/postfix/main.cf.snippet
 getent passwd masd >/dev/null
 test "$(stat -c %U:%G:%a /var/lib/masd)" = masd:masd:750
 test "$(stat -c %U:%G:%a /etc/masd)" = root:masd:750
@@ -20,6 +34,7 @@ test "$(stat -c %U:%G:%a /etc/masd)" = root:masd:750
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r /etc/masd/secrets-example "$work/" && cp /etc/masd/masd.toml.example "$work/masd.toml"
+for token in "$work"/secrets-example/*.token; do head -c 32 /dev/urandom | base64 >"$token"; done
 chown -R masd:masd "$work"
 runuser -u masd -- masd check-config "$work/masd.toml" >/dev/null
 # The store: migrations and an online backup, as the user masd, in its state directory.
@@ -33,7 +48,7 @@ systemd-analyze security --offline=yes --no-pager /lib/systemd/system/masd.servi
     | grep 'Overall exposure level'
 
 dpkg -i "$deb" >/dev/null   # the same version again: postinst's upgrade path
-masd check-config /etc/masd/masd.toml.example >/dev/null
+placeholders_only runuser -u masd -- masd check-config /etc/masd/masd.toml.example
 
 dpkg --purge masd >/dev/null
 test ! -e /usr/bin/masd

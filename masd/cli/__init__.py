@@ -10,6 +10,7 @@ import click
 from masd import __version__
 from masd.cli.common import CONFIG as _CONFIG
 from masd.cli.common import load as _load
+from masd.cli.reload import PID_FILE, reload
 from masd.cli.watch import case, explain, queue, tail
 from masd.config import format_summary
 from masd.core.errors import MasdError
@@ -45,11 +46,12 @@ def check_config(file: Path) -> None:
     help="Run on a clock that moves only when told (POST /mas/v0.1/test/clock with the admin "
     "secret), for conformance flows. Refused unless both listeners are on loopback.",
 )
-def serve(config_file: Path, log_level: str, test_clock: bool) -> None:
+@PID_FILE
+def serve(config_file: Path, log_level: str, test_clock: bool, pid_file: Path | None) -> None:
     """Run masd: the LMTP and HTTP listeners, the outbox and the deadline timer.
 
     Stops cleanly on SIGTERM or SIGINT: stops accepting, finishes what is in
-    flight, exits 0.
+    flight, exits 0. On SIGHUP (masd reload) re-reads the configuration files.
     """
     from masd.app import App
     from masd.clock import Clock, TestClock
@@ -73,7 +75,7 @@ def serve(config_file: Path, log_level: str, test_clock: bool) -> None:
         clock = TestClock()
     configure_logging(log_level)
     try:
-        asyncio.run(App(config, clock=clock).run())
+        asyncio.run(App(config, clock=clock, pid_file=pid_file).run())
     except StoreError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
@@ -255,5 +257,5 @@ def conformance_coverage(flows_dir: Path | None) -> None:
 
 
 # The operator's view (docs/operations.md, "Watching masd").
-for _command in (case, tail, queue, explain):
+for _command in (case, tail, queue, explain, reload):
     main.add_command(_command)

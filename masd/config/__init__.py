@@ -15,7 +15,8 @@ relative to the directory of the configuration file.  Secrets are kept out of
 The modules: :mod:`~masd.config.model` (the frozen values),
 :mod:`~masd.config.names` and :mod:`~masd.config.values` (grammar of names,
 durations, listeners, URLs), :mod:`~masd.config.checker` (error collection),
-:mod:`~masd.config.load`, :mod:`~masd.config.server`,
+:mod:`~masd.config.load`, :mod:`~masd.config.domains` (domain tables and files),
+:mod:`~masd.config.server`,
 :mod:`~masd.config.casetypes` and :mod:`~masd.config.dkim` (the file, table by
 table) and :mod:`~masd.config.summary` (``check-config``'s output).
 """

@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 
 from masd.config.model import Listen
 from masd.config.names import did_you_mean, join, show
+from masd.config.placeholders import MAKE_ONE, PLACEHOLDER_SECRETS
 from masd.config.values import parse_duration, parse_listen, url_problem
 from masd.core.errors import ConfigError
 
@@ -44,12 +45,15 @@ class Checker:
         self.errors: list[ConfigError] = []
         self.warnings: list[str] = []
         self.secrets: dict[str, _Secret] = {}
+        #: The file being walked when it is not the main one (a domains_dir file).
+        self.file = ""
 
     def error(self, path: str, detail: str) -> None:
-        self.errors.append(ConfigError(detail, path=path))
+        self.errors.append(ConfigError(detail, path=path, file=self.file))
 
     def warn(self, path: str, text: str) -> None:
-        self.warnings.append(f"{path}: {text}" if path else text)
+        where = ": ".join(part for part in (self.file, path) if part)
+        self.warnings.append(f"{where}: {text}" if where else text)
 
     # ---- tables and typed keys
 
@@ -183,6 +187,13 @@ class Checker:
         token = self._token(path, text, data)
         if not token:
             return ""
+        if token in PLACEHOLDER_SECRETS:
+            self.error(
+                path,
+                f"{self.resolve(text)} holds a placeholder secret shipped with masd "
+                f"(secrets-example), which anyone can read: make your own ({MAKE_ONE})",
+            )
+            return ""
         # docs/protocol.md §9: "The sender's identity is the peer whose secret matched,
         # never a field of the message."  One secret must therefore name one
         # peer: two peers of different kinds or at different URLs (or a peer
@@ -190,7 +201,8 @@ class Checker:
         # service (same kind, same URL) may serve several types with one secret.
         first = self.secrets.get(token)
         if first is None:
-            self.secrets[token] = _Secret(path, kind, url)
+            where = f"{self.file}: {path}" if self.file else path
+            self.secrets[token] = _Secret(where, kind, url)
         elif (first.kind, first.url) != (kind, url) or kind == "admin":
             whose = (
                 "the admin secret" if first.kind == "admin" else f"the {first.kind} at {first.url}"

@@ -137,6 +137,10 @@ class ServerConfig:
     hostname: str
     max_lmtp_sessions: int = 100
     max_http_connections: int = 1000
+    #: Where ``<domain>.toml`` files are read from; a missing directory is an
+    #: error only when ``domains_dir`` was set.
+    domains_dir: Path | None = None
+    domains_dir_set: bool = False
 
 
 @dataclass(frozen=True)

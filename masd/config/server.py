@@ -30,8 +30,12 @@ _SERVER_KEYS: Final = frozenset(
         "hostname",
         "max_lmtp_sessions",
         "max_http_connections",
+        "domains_dir",
     }
 )
+#: Where domain files are looked for when ``server.domains_dir`` is not set:
+#: next to the main file (``/etc/masd/domains.d`` for ``/etc/masd/masd.toml``).
+DEFAULT_DOMAINS_DIR: Final = "domains.d"
 #: Why an authserv-id must look like a host name (shown with the refusal).
 AUTHSERV_ID_RULE: Final = (
     "give the host name your authenticator writes first in Authentication-Results "
@@ -57,6 +61,9 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
     limits = _limits(check, table)
     retry_text = check.get(table, PATH, "retry_for", str, "3d")
     retry_for = check.duration(join(PATH, "retry_for"), retry_text)
+    domains_dir = check.get(table, PATH, "domains_dir", str, DEFAULT_DOMAINS_DIR)
+    if not domains_dir:
+        check.error(join(PATH, "domains_dir"), '"" is not a directory name')
     hostname = check.get(table, PATH, "hostname", str, "localhost")
     try:
         hostname = ascii_host_name(hostname)
@@ -79,6 +86,8 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         hostname=hostname,
         max_lmtp_sessions=limits["max_lmtp_sessions"],
         max_http_connections=limits["max_http_connections"],
+        domains_dir=check.resolve(domains_dir or DEFAULT_DOMAINS_DIR),
+        domains_dir_set="domains_dir" in table,
     )
 
 

@@ -68,16 +68,19 @@ class AddressError(MasdError):
 
 
 class ConfigError(MasdError):
-    """A configuration error; ``path`` is the dotted key path at fault."""
+    """A configuration error; ``path`` is the dotted key path at fault, ``file``
+    the file it is in when that is not the main file (a ``domains_dir`` file)."""
 
     code = "bad-config"
 
-    def __init__(self, detail: str, *, path: str = "") -> None:
+    def __init__(self, detail: str, *, path: str = "", file: str = "") -> None:
         super().__init__(detail)
         self.path = path
+        self.file = file
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.detail}" if self.path else self.detail
+        where = ": ".join(part for part in (self.file, self.path) if part)
+        return f"{where}: {self.detail}" if where else self.detail
 
 
 class EventError(MasdError):

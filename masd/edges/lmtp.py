@@ -30,7 +30,6 @@ from masd.config import Config, Listen
 from masd.core.address import Address, parse_address
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
-from masd.core.trust import TrustSettings
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.lmtp_replies import (
@@ -108,11 +107,8 @@ class LmtpHandler:
         self.metrics = ctx.metrics
         self.on_commit = ctx.listener
         server = rt.config.server
-        self._delimiter = server.recipient_delimiter
-        self._domains = rt.config.domains
-        self._trust = TrustSettings(
-            frozenset(server.trusted_authserv_ids), frozenset(server.trusted_hosts)
-        )
+        # Read per input, so a reload applies to the next message; the size
+        # limit is the listener's (a change to it needs a restart).
         self.size_limit = server.max_message_bytes
         self._inflight: set[asyncio.Task[str]] = set()
         self.trust_watch = TrustWatch(ctx.metrics, server.trusted_authserv_ids)
@@ -192,7 +188,10 @@ class LmtpHandler:
     # -- the work ---------------------------------------------------------------
 
     def parse(self, rcpt: str) -> Address:
-        return parse_address(rcpt, delimiter=self._delimiter, domains=self._domains)
+        config = self.rt.config
+        return parse_address(
+            rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
+        )
 
     async def check_recipient(self, rcpt: str) -> tuple[ReplyCode, str]:
         """docs/protocol.md §3 at RCPT: would a mail to ``rcpt`` be recorded?"""
@@ -233,6 +232,8 @@ class LmtpHandler:
     async def _parse_mail(
         self, raw: bytes, mail_from: str, rcpt: str, now: float
     ) -> tuple[ParsedMail, str]:
+        trust = self.rt.trust()
+
         def work() -> tuple[ParsedMail, str]:
             parsed = build_event(
                 raw,
@@ -240,7 +241,7 @@ class LmtpHandler:
                 rcpt_to=rcpt,
                 received_at=received_at(now),
                 message_ref=new_message_ref(now),
-                trust=self._trust,
+                trust=trust,
             )
             return parsed, hashlib.sha256(raw).hexdigest()
 

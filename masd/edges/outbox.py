@@ -32,10 +32,11 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from masd import service
+from masd.config import Dkim
 from masd.edges import outbox_heads
 from masd.edges.batch import Batch
 from masd.edges.context import EdgeContext
@@ -44,7 +45,7 @@ from masd.edges.lanes import RELAY, Attempt, Lanes, origin
 from masd.edges.mailer import MailTransport, OutboundMail
 from masd.edges.outbox_heads import HeadFinder
 from masd.edges.smtp import SmtpTransport
-from masd.service import OutboxItem
+from masd.service import OutboxItem, Runtime
 
 log = logging.getLogger("masd.outbox")
 
@@ -58,6 +59,22 @@ STORE_PAUSE: Final = 1.0
 #: Counter of wakes from outside (a commit queued rows): each costs the loop a read.
 WAKES_METRIC: Final = "masd_outbox_wakes_total"
 _MESSAGE_ID = re.compile(r"^Message-ID:[ \t]*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+class LiveKeys(Mapping[str, Sequence[Dkim]]):
+    """Each domain's DKIM keys in the running configuration, as of each look."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self._rt = rt
+
+    def __getitem__(self, domain: str) -> Sequence[Dkim]:
+        return self._rt.config.domains[domain].dkim_keys
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rt.config.domains)
+
+    def __len__(self) -> int:
+        return len(self._rt.config.domains)
 
 
 class Outbox:
@@ -84,7 +101,7 @@ class Outbox:
         self._mailer: MailTransport = mail or SmtpTransport(
             server.smtp_relay,
             hostname=server.hostname,
-            keys={d: c.dkim_keys for d, c in rt.config.domains.items()},
+            keys=LiveKeys(rt),
             timeout=smtp_timeout,
             clock=ctx.clock,
         )

@@ -70,7 +70,8 @@ class SmtpTransport:
     """The production :class:`~masd.edges.mailer.MailTransport`: ``server.smtp_relay``.
 
     ``keys`` maps a domain to its DKIM keys (one signature each); mail of a
-    domain without keys goes unsigned.
+    domain without keys goes unsigned.  It is read at each send, so a mapping
+    that follows the running configuration signs with the keys of the moment.
     """
 
     def __init__(
@@ -84,8 +85,8 @@ class SmtpTransport:
         clock: Clock | None = None,
     ) -> None:
         self._relay, self._hostname, self._timeout = relay, hostname, timeout
-        self._keys = {domain: tuple(k) for domain, k in keys.items() if k}
-        self._signers: dict[str, tuple[Signer, ...] | DkimSignError] = {}
+        self._keys = keys
+        self._signers: dict[tuple[str, tuple[Dkim, ...]], tuple[Signer, ...] | DkimSignError] = {}
         self._clock = clock or Clock()
         self._slots = asyncio.Semaphore(connections)
         self._idle: list[_Session] = []
@@ -93,7 +94,8 @@ class SmtpTransport:
 
     async def send(self, mail: OutboundMail) -> SmtpResult:
         message = mail.message
-        if mail.domain in self._keys:
+        keys = tuple(self._keys.get(mail.domain, ()))
+        if keys:
             if self._signing is None:
                 self._signing = concurrent.futures.ThreadPoolExecutor(
                     SIGNING_THREADS, thread_name_prefix="masd-dkim"
@@ -101,7 +103,7 @@ class SmtpTransport:
             loop = asyncio.get_running_loop()
             now = self._clock.now()
             try:
-                message = await loop.run_in_executor(self._signing, self._sign, mail, now)
+                message = await loop.run_in_executor(self._signing, self._sign, mail, keys, now)
             except DkimSignError as exc:
                 # A key problem is fixed by the operator (config, restart): keep
                 # the mail and retry rather than send it unsigned or drop it.
@@ -133,15 +135,15 @@ class SmtpTransport:
 
     # ------------------------------------------------------------------ signing
 
-    def _sign(self, mail: OutboundMail, now: float) -> bytes:
+    def _sign(self, mail: OutboundMail, keys: tuple[Dkim, ...], now: float) -> bytes:
         """In a signing thread: the message with one signature per key of its domain."""
-        signers = self._signers.get(mail.domain)
+        signers = self._signers.get((mail.domain, keys))
         if signers is None:
             try:
-                signers = tuple(load_signer(k, mail.domain) for k in self._keys[mail.domain])
+                signers = tuple(load_signer(k, mail.domain) for k in keys)
             except DkimSignError as exc:
                 signers = exc
-            self._signers[mail.domain] = signers
+            self._signers[(mail.domain, keys)] = signers
         if isinstance(signers, DkimSignError):
             raise signers
         return sign(mail.message, signers, now)

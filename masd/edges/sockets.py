@@ -211,6 +211,13 @@ async def bind_unix(
     try:
         sock.bind(str(path))
         os.chmod(path, mode)
+    except FileNotFoundError as exc:
+        sock.close()
+        folder = Path(path).parent
+        raise error(
+            f"{where}: the directory {folder} does not exist (masd.service creates /run/masd; "
+            f'without systemd, create it for masd, or listen on TCP, e.g. "127.0.0.1:2424")'
+        ) from exc
     except OSError as exc:
         sock.close()
         raise error(f"{where}: {exc.strerror or exc}") from exc

@@ -4,7 +4,7 @@ running job, and what a committed job woke."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Protocol
 
@@ -32,22 +32,57 @@ class UnknownCase(MasdError):
     code = "unknown-case"
 
 
-@dataclass
-class Runtime:
-    """What the service needs besides the database: config, peers, ids, where statuses go."""
+@dataclass(frozen=True)
+class _Loaded:
+    """One configuration and what is derived from it, replaced as a whole on reload."""
 
     config: Config
-    new_id: Callable[[], str]
-    directory: Directory = field(init=False)
-    status_url: str = field(init=False)
-    #: TypeViews already built, per (domain, type) as asked; the config never
-    #: changes under a Runtime.
-    _views: dict[tuple[str, str], TypeView] = field(init=False, repr=False)
+    directory: Directory
+    #: TypeViews already built, per (domain, type) as asked, for this config.
+    views: dict[tuple[str, str], TypeView]
 
-    def __post_init__(self) -> None:
-        self.directory = Directory(peers_of(self.config))
-        self.status_url = self.config.server.public_url.rstrip("/") + "/mas/v0.1/messages"
-        self._views = {}
+
+def _loaded(config: Config) -> _Loaded:
+    return _Loaded(config, Directory(peers_of(config)), {})
+
+
+class Runtime:
+    """What the service needs besides the database: config, peers, ids, where statuses go.
+
+    The configuration is a reference every input reads afresh (``rt.config``,
+    ``rt.directory``): :meth:`replace_config` swaps it for the next input
+    (``masd reload``, ``SIGHUP``) while the edges keep their connections.  One
+    input sees one configuration throughout: a :class:`Job` holds the
+    runtime :meth:`pinned` at its start.
+    """
+
+    def __init__(self, config: Config, new_id: Callable[[], str]) -> None:
+        self.new_id = new_id
+        self._loaded = _loaded(config)
+        self.status_url = config.server.public_url.rstrip("/") + "/mas/v0.1/messages"
+
+    @property
+    def config(self) -> Config:
+        return self._loaded.config
+
+    @property
+    def directory(self) -> Directory:
+        return self._loaded.directory
+
+    def replace_config(self, config: Config) -> None:
+        """From the next input on, ``config`` (and its peers) instead of the current one."""
+        self._loaded = _loaded(config)
+        self.status_url = config.server.public_url.rstrip("/") + "/mas/v0.1/messages"
+
+    def pinned(self) -> Runtime:
+        """This runtime with the current configuration, unmoved by later replacements."""
+        pinned = Runtime.__new__(Runtime)
+        pinned.new_id, pinned._loaded, pinned.status_url = (
+            self.new_id,
+            self._loaded,
+            self.status_url,
+        )
+        return pinned
 
     def context(self, now: float) -> Context:
         return Context(now=now, new_id=self.new_id, status_url=self.status_url)
@@ -59,7 +94,8 @@ class Runtime:
         return typ
 
     def type_view(self, domain: str, type_: str) -> TypeView:
-        view = self._views.get((domain, type_))
+        views = self._loaded.views
+        view = views.get((domain, type_))
         if view is not None:
             return view
         typ = self.type_config(domain, type_)
@@ -77,8 +113,8 @@ class Runtime:
         )
         # Only configured types get here; the bound keeps odd spellings of
         # their names (the domain and type as asked) from piling up.
-        if len(self._views) < MAX_TYPE_VIEWS:
-            self._views[(domain, type_)] = view
+        if len(views) < MAX_TYPE_VIEWS:
+            views[(domain, type_)] = view
         return view
 
     def trust(self) -> TrustSettings:
@@ -127,6 +163,10 @@ class Job:
     rt: Runtime
     tx: Tx
     now: float
+
+    def __post_init__(self) -> None:
+        # One input, one configuration, even if a reload lands while it runs.
+        object.__setattr__(self, "rt", self.rt.pinned())
 
     def context(self) -> Context:
         return self.rt.context(self.now)

@@ -161,8 +161,11 @@ class MasdProcess(ChildProcess):
     peers in the same event loop keep answering while masd starts or stops.
     """
 
-    def __init__(self, config: Path, log_path: Path, *, cwd: Path | None = None) -> None:
-        argv = [sys.executable, "-m", "masd", "serve", "--config", str(config)]
+    def __init__(
+        self, config: Path, log_path: Path, *, cwd: Path | None = None, args: Sequence[str] = ()
+    ) -> None:
+        """``args``: more ``masd serve`` options (``--pid-file FILE``)."""
+        argv = [sys.executable, "-m", "masd", "serve", "--config", str(config), *args]
         super().__init__(
             argv, log=log_path, cwd=cwd or config.parent, env=child_env(this_masd=True)
         )

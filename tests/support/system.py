@@ -40,6 +40,7 @@ DEBIAN_PACKAGES = {
     "dnsmasq": "dnsmasq-base",
     "openssl": "openssl",
     "unshare": "util-linux",
+    "promtool": "prometheus",
 }
 
 
