@@ -23,6 +23,12 @@ in :class:`LmtpProtocol`:
   timeout is closed (docs/protocol.md §3, RFC 5321 §4.5.3.2); while masd itself works
   on the data the clock is stopped.  Closing inside DATA records nothing.
 
+The session's state is one :class:`~masd.edges.lmtp_state.State`, moved
+through the table of :mod:`masd.edges.lmtp_state`; it decides what each
+reply is.  The answer to the data is made from a reply kind
+(:class:`~masd.edges.lmtp_replies.Replies`), never read back from a reply's
+text.
+
 aiosmtpd's private names (underscore attributes and methods) that this
 module overrides or reads are listed in :data:`PRIVATE_METHODS` and
 :data:`PRIVATE_ATTRIBUTES`; no other module of masd uses any.
@@ -39,12 +45,13 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AnyStr, Final
+from typing import TYPE_CHECKING, Any, AnyStr, Final, assert_never
 
 from aiosmtpd.lmtp import LMTP
 from aiosmtpd.smtp import SMTP, syntax
 
 from masd.edges.lmtp_replies import RecipientReplies, Replies, ReplyCode
+from masd.edges.lmtp_state import IN_DATA, Event, State, next_state
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -219,12 +226,18 @@ class LmtpProtocol(LMTP):
     def __init__(self, handler: Handler, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.masd_handler = handler
-        self._in_lhlo = False
-        self._data_open = False  # between our 354 and the replies to the data
-        self._data_rcpts: list[str] = []
+        self._state = State.GREETING
+        self._data_rcpts: list[str] = []  # the recipients the answer to the data is for
         self._idle_until = 0.0  # loop time after which an idle session is closed
         self._idle_armed = False  # a check is scheduled (self._timeout_handle)
-        self._working = False  # masd records the data: the idle clock is stopped
+
+    @property
+    def state(self) -> State:
+        """Where the session stands (:mod:`masd.edges.lmtp_state`)."""
+        return self._state
+
+    def _move(self, event: Event) -> None:
+        self._state = next_state(self._state, event)
 
     def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
         plain = plain_path(arg)
@@ -249,7 +262,7 @@ class LmtpProtocol(LMTP):
 
     def _idle_check(self) -> None:
         self._idle_armed = False
-        if self._working:
+        if self._state is State.RECORDING:
             self._reset_timeout()
             return
         if self.loop.time() < self._idle_until:
@@ -267,16 +280,16 @@ class LmtpProtocol(LMTP):
     def data_received(self, data: bytes) -> None:
         # Inside the mail data every octet is progress (RFC 5321 §4.5.3.2.5
         # times each read); elsewhere only a whole command is.
-        if self._data_open:
+        if self._state in IN_DATA:
             self._reset_timeout()
         super().data_received(data)
 
     async def smtp_LHLO(self, arg: str) -> None:
-        self._in_lhlo = True
+        self._move(Event.LHLO)
         try:
             await super().smtp_LHLO(arg)
         finally:
-            self._in_lhlo = False
+            self._move(Event.LHLO_DONE)
 
     @syntax("DATA")
     async def smtp_DATA(self, arg: str) -> None:
@@ -285,13 +298,14 @@ class LmtpProtocol(LMTP):
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception:
-            if not self._data_open:
+            if self._state not in IN_DATA:
                 raise
             log.exception("LMTP DATA fault")
             self.envelope = self._create_envelope()
             await self.push(self._fault_replies())
         finally:
-            self._data_open = False
+            if self._state in IN_DATA:
+                self._move(Event.DATA_ENDED)
 
     async def _data(self, arg: str) -> None:
         """aiosmtpd's DATA command with the data read by :func:`read_data`."""
@@ -304,7 +318,9 @@ class LmtpProtocol(LMTP):
         if arg:
             await self.push("501 Syntax: DATA")
             return
-        await self.push("354 End data with <CR><LF>.<CR><LF>")
+        self._data_rcpts = list(self.envelope.rcpt_tos)
+        self._move(Event.GO_AHEAD)
+        await super().push("354 End data with <CR><LF>.<CR><LF>")  # as it is: no enhanced code
         try:
             data = await read_data(self._reader, self.data_size_limit)
         except asyncio.IncompleteReadError as exc:
@@ -317,18 +333,15 @@ class LmtpProtocol(LMTP):
             raise
         if data.too_long or data.too_much:
             await self.push(
-                "500 Line too long (see RFC5321 4.5.3.1.6)"
-                if data.too_long
-                else "552 Error: Too much mail data"
+                self._refusal(Replies.LINE_TOO_LONG if data.too_long else Replies.TOO_BIG)
             )
             self.envelope = self._create_envelope()
             return
         self.envelope.content = self.envelope.original_content = data.content
-        self._working = True
+        self._move(Event.DATA_READ)
         try:
             status = await self._call_handler_hook("DATA")
         finally:
-            self._working = False
             self._reset_timeout()
         self.envelope = self._create_envelope()
         await self.push(status)
@@ -344,34 +357,37 @@ class LmtpProtocol(LMTP):
             Replies.FAULT, "temporary failure, try again later", self._data_rcpts
         )
 
+    def _refusal(self, reply: ReplyCode) -> RecipientReplies:
+        """The answer to data refused by a limit of the session, for each recipient."""
+        rcpts = self._data_rcpts
+        handler = self.masd_handler
+        if reply is Replies.TOO_BIG:
+            limit = handler.size_limit
+            text = f"message over {limit} octets (server.max_message_bytes)"
+            log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
+        else:
+            text = "a line over 1000 octets (RFC 5321 4.5.3.1.6)"
+            log.info("message refused: line too long, %d recipients", len(rcpts))
+        return handler.per_recipient(reply, text, rcpts)
+
     def _lmtp_reply(self, status: str) -> str:
-        if self._data_open:
-            # The answer to the data: it must be one line per recipient.
-            self._data_open = False
-            if isinstance(status, RecipientReplies):
+        match self._state:
+            case State.GREETING:
+                self._move(Event.GREETED)
                 return status
-            rcpts = self._data_rcpts
-            code = status[:3]
-            handler = self.masd_handler
-            if code == "552":
-                limit = handler.size_limit
-                text = f"message over {limit} octets (server.max_message_bytes)"
-                log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
-                return handler.per_recipient(Replies.TOO_BIG, text, rcpts)
-            if code == "500" and "too long" in status.lower():
-                text = "a line over 1000 octets (RFC 5321 4.5.3.1.6)"
-                log.info("message refused: line too long, %d recipients", len(rcpts))
-                return handler.per_recipient(Replies.LINE_TOO_LONG, text, rcpts)
-            log.error("unexpected reply to DATA %r; answered 451 for each recipient", status)
-            return self._fault_replies()
-        if status.startswith("354"):
-            assert self.envelope is not None
-            self._data_open = True
-            self._data_rcpts = list(self.envelope.rcpt_tos)
-            return status
-        if self._in_lhlo or status.startswith("220"):
-            return status
-        return _with_enhanced(status)
+            case State.LHLO:
+                return status
+            case State.DATA | State.RECORDING:
+                # The answer to the data: it must be one line per recipient.
+                self._move(Event.ANSWERED)
+                if isinstance(status, RecipientReplies):
+                    return status
+                log.error("unexpected reply to DATA %r; answered 451 for each recipient", status)
+                return self._fault_replies()
+            case State.COMMANDS:
+                return _with_enhanced(status)
+            case _:
+                assert_never(self._state)
 
 
 async def missing_private_names(
