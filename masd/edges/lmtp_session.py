@@ -5,8 +5,8 @@ Built on aiosmtpd's ``LMTP`` protocol, served by :func:`masd.edges.lmtp.start_lm
 in :class:`LmtpProtocol`:
 
 - after DATA, every reply is one line per accepted recipient (RFC 2033
-  §4.2), including aiosmtpd's own "too much mail data" and "line too long"
-  answers, which it sends once (Postfix would then read the other
+  §4.2), the refusal of data over the size limit included (aiosmtpd sends
+  its "too much mail data" once; Postfix would then read the other
   recipients' replies out of step);
 - LHLO advertises PIPELINING and ENHANCEDSTATUSCODES (RFC 2033 §4.1), and
   every reply but the greeting, LHLO and 354 carries an enhanced status code
@@ -18,7 +18,9 @@ in :class:`LmtpProtocol`:
   quarter of masd's CPU at intake, and still reads every other form;
 - the message after DATA is read in large pieces up to the end-of-data line
   (:func:`read_data`), not one line per ``await`` as aiosmtpd does, with the
-  same limits and answers;
+  same size limit; a line of the data may be of any length (aiosmtpd refuses
+  one over 1000 octets: masd never refuses a mail for its content,
+  docs/protocol.md §3), while a command line keeps aiosmtpd's limits;
 - a session that makes no progress (no command, no data) for the idle
   timeout is closed (docs/protocol.md §3, RFC 5321 §4.5.3.2); while masd itself works
   on the data the clock is stopped.  Closing inside DATA records nothing.
@@ -134,16 +136,16 @@ def plain_path(arg: str) -> tuple[str, str] | None:
 
 #: RFC 5321 §4.1.1.4: the mail data ends with a line holding one dot.
 _END: Final = b"\r\n.\r\n"
-#: Longest data line aiosmtpd accepts, its CR LF included (``SMTP.line_length_limit``).
+#: aiosmtpd's reader limit (``SMTP.line_length_limit``): the longest command line it
+#: reads, its CR LF included.  Data lines are not held to it (:func:`read_data`).
 LINE_LIMIT: Final = 1001
 
 
 @dataclass(frozen=True)
 class Data:
-    """What :func:`read_data` read: the message, or why it was refused."""
+    """What :func:`read_data` read: the message, or that it was over the size limit."""
 
     content: bytes = b""
-    too_long: bool = False  # a line over LINE_LIMIT octets with its CR LF (answered 500)
     too_much: bool = False  # over the size limit (answered 552)
 
 
@@ -155,42 +157,21 @@ def _partial_end(tail: bytes | bytearray) -> int:
     return 0
 
 
-def _first_refusal(body: bytes | bytearray, size_limit: int | None) -> Data:
-    """Which limit the data passed first, line by line, as aiosmtpd counts.
-
-    A line longer than the reader's limit (LINE_LIMIT octets without its end)
-    is refused before it is counted; other lines are counted, then measured.
-    """
-    total = 0
-    lines = bytes(body[2:]).split(b"\r\n")
-    for i, line in enumerate(lines):
-        if len(line) > LINE_LIMIT:
-            return Data(too_long=True)
-        if i == len(lines) - 1:
-            break  # not ended by CR LF (yet): not counted
-        total += len(line) + 2
-        if size_limit and total > size_limit:
-            return Data(too_much=True)
-        if len(line) + 2 > LINE_LIMIT:
-            return Data(too_long=True)
-    return Data(too_much=True)
-
-
 async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Data:
     """Read mail data up to the end-of-data line, in pieces as large as the buffer.
 
     The stream is read as if a CR LF came before it (the DATA command's own
     line end), so data that is only "." is an empty message.  Nothing after
     the end-of-data line is consumed: a pipelining client's next command
-    stays in the reader.  The limits and answers are aiosmtpd's: a line over
-    :data:`LINE_LIMIT` octets with its CR LF is ``too_long``, more than
-    ``size_limit`` octets ``too_much`` (whichever the data reaches first),
-    and refused data is still read to its end but not kept.  A leading dot
-    is removed from each line (RFC 5321 §4.5.2).
+    stays in the reader.  More than ``size_limit`` octets is ``too_much``,
+    counted as aiosmtpd counts, and refused data is still read to its end
+    but not kept.  Lines may be of any length: the reader's limit only sets
+    the size of the pieces read.  A leading dot is removed from each line
+    (RFC 5321 §4.5.2).
     """
     body = bytearray(b"\r\n")
     size = 0  # octets read after the leading CR LF
-    refused: Data | None = None
+    refused = False
     while True:
         partial = _partial_end(body)
         if partial:
@@ -205,18 +186,16 @@ async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Dat
         body += piece
         size += len(piece)
         ended = body.endswith(_END)
-        if refused is None and size_limit and size - 3 > size_limit:
-            refused = _first_refusal(body, size_limit)
+        if not refused and size_limit and size - 3 > size_limit:
+            refused = True
         if ended:
             break
-        if refused is not None:
+        if refused:
             # Keep only what finding the end-of-data sequence needs.
             del body[: -(len(_END) - 1)]
-    if refused is not None:
-        return refused
+    if refused:
+        return Data(too_much=True)
     content = bytes(body[:-3])  # the final ".\r\n" off; the leading CR LF still on
-    if max(map(len, content.split(b"\r\n"))) + 2 > LINE_LIMIT:
-        return _first_refusal(content, size_limit)
     return Data(content=content.replace(b"\r\n.", b"\r\n")[2:])
 
 
@@ -331,10 +310,8 @@ class LmtpProtocol(LMTP):
         except asyncio.CancelledError:
             self._writer.close()  # the connection was lost (aiosmtpd cancels us)
             raise
-        if data.too_long or data.too_much:
-            await self.push(
-                self._refusal(Replies.LINE_TOO_LONG if data.too_long else Replies.TOO_BIG)
-            )
+        if data.too_much:
+            await self.push(self._too_big())
             self.envelope = self._create_envelope()
             return
         self.envelope.content = self.envelope.original_content = data.content
@@ -357,18 +334,15 @@ class LmtpProtocol(LMTP):
             Replies.FAULT, "temporary failure, try again later", self._data_rcpts
         )
 
-    def _refusal(self, reply: ReplyCode) -> RecipientReplies:
-        """The answer to data refused by a limit of the session, for each recipient."""
+    def _too_big(self) -> RecipientReplies:
+        """The answer to data over the size limit, the one limit on the data, for
+        each recipient (docs/protocol.md §3)."""
         rcpts = self._data_rcpts
         handler = self.masd_handler
-        if reply is Replies.TOO_BIG:
-            limit = handler.size_limit
-            text = f"message over {limit} octets (server.max_message_bytes)"
-            log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
-        else:
-            text = "a line over 1000 octets (RFC 5321 4.5.3.1.6)"
-            log.info("message refused: line too long, %d recipients", len(rcpts))
-        return handler.per_recipient(reply, text, rcpts)
+        limit = handler.size_limit
+        text = f"message over {limit} octets (server.max_message_bytes)"
+        log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
+        return handler.per_recipient(Replies.TOO_BIG, text, rcpts)
 
     def _lmtp_reply(self, status: str) -> str:
         match self._state:
