@@ -252,6 +252,7 @@ def _envelopes(running: Running) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+@pytest.mark.slow
 @given(data=st.data(), peer=PEERS)
 @settings(FUZZ, max_examples=200)
 def test_envelope_shaped_json_never_fails_masd(

@@ -656,6 +656,7 @@ def test_data_sent_in_small_pieces_is_stored_as_sent(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+@pytest.mark.slow
 def test_an_idle_session_is_closed_and_commands_keep_it_open(tmp_path: Path) -> None:
     async def body(rig: Rig) -> None:
         server = await start_lmtp(
