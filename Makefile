@@ -2,13 +2,15 @@
 #   make demo   run masd's demo on loopback with its embedded defaults
 #               (installs masd and its runtime dependencies only)
 #   make test   run the whole test suite (ruff, mypy, pytest; installs the test tools too)
-# Both create the virtualenv .venv on first use.
+# Both create the virtualenv .venv on first use.  While changing masd,
+#   make check  runs ruff, mypy and every test not marked slow (under 90 s on two cores);
+#               make test, which CI runs, runs every test.
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck pytest bench clean package example-secrets
+.PHONY: demo test check lint typecheck pytest bench clean package example-secrets
 
 $(BIN)/python:
 	@echo "make: creating the virtualenv $(VENV) (first use only)"
@@ -23,7 +25,8 @@ $(BIN)/.runtime: pyproject.toml | example-secrets $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-# ... and the test tools (pytest, hypothesis, jsonschema, ruff, mypy) for `make test`.
+# ... and the test tools (pytest, pytest-xdist, hypothesis, jsonschema, ruff, mypy) for
+# `make test` and `make check`.
 $(BIN)/.installed: pyproject.toml | example-secrets $(BIN)/python
 	@echo "make: installing masd, its runtime dependencies and the test tools into $(VENV)" \
 		"(about a minute on first use)"
@@ -41,6 +44,9 @@ demo: $(BIN)/.runtime
 
 test: lint typecheck pytest
 
+check: lint typecheck
+	$(BIN)/pytest $(PYTEST_PARALLEL) -m "not slow"
+
 lint: $(BIN)/.installed
 	$(BIN)/ruff check masd tests
 	$(BIN)/ruff format --check masd tests
@@ -48,8 +54,14 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
+# One test process per core (pytest-xdist); a test file's tests all run in one process, so a
+# module's fixtures (a running masd, a built package) are set up once.  Tests pick their own
+# loopback ports (masd.testing.net) and write only below their tmp_path.
+# PYTEST_PARALLEL= (empty) runs them in this one process instead.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
+
 pytest: $(BIN)/.installed
-	$(BIN)/pytest
+	$(BIN)/pytest $(PYTEST_PARALLEL)
 
 # The Debian package, dist/masd_<version>_<arch>.deb (see packaging/README.md).
 package:

@@ -357,6 +357,7 @@ def _flip(text: str, flips: list[bool]) -> str:
     return "".join(ch.swapcase() if flips[i % len(flips)] else ch for i, ch in enumerate(text))
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(valid_addresses())
 def test_format_parse_round_trip(addr: Address) -> None:
@@ -379,6 +380,7 @@ def test_key_is_invariant_under_case(addr: Address, flips: list[bool]) -> None:
     assert changed.domain == addr.domain
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(valid_addresses(), st.text(max_size=20))
 def test_suffix_is_dropped(addr: Address, suffix: str) -> None:

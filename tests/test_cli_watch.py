@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.masd_process import ROOT, WAIT, mx_mail, write_master_config
 from support.watch import ANN, BOB, Watched, watched
 
@@ -28,6 +29,7 @@ id_prefix = "ticket-"
 """
 
 
+@pytest.mark.slow
 def test_case_list_and_show_by_address_key_or_id(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path, more_config=ORDERS) as run:
@@ -100,6 +102,7 @@ async def _lines(stream: asyncio.StreamReader, n: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_tail_prints_the_latest_events_then_follows(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path) as run:

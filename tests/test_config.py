@@ -53,10 +53,16 @@ def write(path: Path, text: str, mode: int = 0o600) -> Path:
 
 
 @pytest.fixture
-def secrets_dir(tmp_path: Path) -> Path:
+def secrets_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``secrets`` in tmp_path, named from tmp_path as the working directory: an error
+    shows at most 80 characters of a value, fewer than a path below pytest's base
+    directory may have (``.../popen-gw1/test_bad_value_is_named_domain10/...``)."""
+    monkeypatch.chdir(tmp_path)
+    directory = Path("secrets")
+    directory.mkdir()
     for name, token in TOKENS.items():
-        write(tmp_path / name, token + "\n")
-    return tmp_path
+        write(directory / name, token + "\n")
+    return directory
 
 
 def base() -> dict[str, Any]:
@@ -386,7 +392,7 @@ def test_a_shared_service_may_serve_two_types_with_one_secret(secrets_dir: Path)
 def test_relative_paths_are_relative_to_the_config_file(
     secrets_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    conf = secrets_dir / "etc"
+    conf = (secrets_dir / "etc").absolute()
     conf.mkdir()
     write(conf / "masd.toml", EXAMPLE_TOML)
     for name in TOKENS:
@@ -1076,7 +1082,7 @@ def test_load_config_reads_a_file(secrets_dir: Path) -> None:
     path = write(secrets_dir / "masd.toml", EXAMPLE_TOML)
     config = load_config(path)
     assert config.source == str(path)
-    assert config.server.database == secrets_dir / "masd.db"
+    assert config.server.database == secrets_dir.absolute() / "masd.db"
     assert "help.example" in format_summary(config)
 
 

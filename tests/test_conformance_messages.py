@@ -738,6 +738,7 @@ def test_masd_answers_as_the_file_says(masd: Masd, name: str) -> None:
 # --------------------------------------------------------------------------- what masd sends
 
 
+@pytest.mark.slow
 def test_what_masd_sends_validates(masd: Masd) -> None:
     """Drive masd so it sends every type it sends, then check each against its schema."""
     masd.call(_send_everything(masd))

@@ -408,6 +408,7 @@ def _run(flows_dir: Path, *extra: str) -> tuple[int, list[str], str]:
     return code, out.getvalue().splitlines(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_runner_reports_the_step_that_differed_and_unclaimed_mail(tmp_path: Path) -> None:
     wrong_sender = {
         **MINIMAL,
@@ -450,6 +451,7 @@ def test_runner_usage_errors_exit_2(tmp_path: Path) -> None:
     assert "no flows" in err
 
 
+@pytest.mark.slow
 def test_runner_checks_the_path_and_knows_peer_ports(tmp_path: Path) -> None:
     folder = tmp_path / "flows" / "slave"
     folder.mkdir(parents=True)

@@ -166,6 +166,7 @@ _HEADER_TEXT = st.text(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

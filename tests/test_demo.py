@@ -52,6 +52,7 @@ def _normal(out: str) -> list[str]:
     return out.splitlines()
 
 
+@pytest.mark.slow
 def test_demo_prints_its_lines_in_the_same_order_every_run(
     runs: list[subprocess.CompletedProcess[str]],
 ) -> None:
@@ -60,6 +61,7 @@ def test_demo_prints_its_lines_in_the_same_order_every_run(
     assert first == second
 
 
+@pytest.mark.slow
 def test_no_line_comes_before_the_act_that_caused_it(
     runs: list[subprocess.CompletedProcess[str]],
 ) -> None:
@@ -92,6 +94,7 @@ def test_demo_help_describes_both_parts() -> None:
     assert "demo CRM" in text
 
 
+@pytest.mark.slow
 def test_demo_runs_every_flow_and_prints_each_thread(
     runs: list[subprocess.CompletedProcess[str]],
 ) -> None:

@@ -233,6 +233,7 @@ def run(test: Any) -> None:
 # --------------------------------------------------------------------------- the four flows
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_signed_mail_passes_dmarc_and_the_handoff_goes_out(tmp_path: Path) -> None:
     async def main() -> None:
@@ -263,6 +264,7 @@ def test_signed_mail_passes_dmarc_and_the_handoff_goes_out(tmp_path: Path) -> No
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_spoofed_unsigned_mail_fails_dmarc_is_recorded_and_blocked(tmp_path: Path) -> None:
     async def main() -> None:
@@ -292,6 +294,7 @@ def test_spoofed_unsigned_mail_fails_dmarc_is_recorded_and_blocked(tmp_path: Pat
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_outside_authentication_results_with_our_id_are_removed(tmp_path: Path) -> None:
     async def main() -> None:
@@ -329,6 +332,7 @@ def test_outside_authentication_results_with_our_id_are_removed(tmp_path: Path) 
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_masd_acknowledgement_passes_opendkim_on_its_way_out(tmp_path: Path) -> None:
     async def main() -> None:

@@ -72,6 +72,7 @@ async def metrics(setup: MasterSetup) -> str:
 # --------------------------------------------------------------------------- masd doctor
 
 
+@pytest.mark.slow
 def test_doctor_names_the_cause_when_no_mail_is_authenticated(tmp_path: Path) -> None:
     async def main() -> None:
         async with FakePeer() as peer, SmtpSink() as sink:
@@ -111,6 +112,7 @@ def test_doctor_names_the_cause_when_no_mail_is_authenticated(tmp_path: Path) ->
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_doctor_passes_a_healthy_instance_and_fails_a_stopped_one(tmp_path: Path) -> None:
     async def main() -> None:
         async with FakePeer() as peer, SmtpSink() as sink:
@@ -230,6 +232,7 @@ def test_trust_watch_counts_and_warns_once_per_window(caplog: pytest.LogCaptureF
     assert metrics.value("masd_messages_total", trust="pass") == 1
 
 
+@pytest.mark.slow
 def test_a_hundred_untrusted_messages_are_warned_about_in_masd_log(tmp_path: Path) -> None:
     async def main() -> None:
         async with FakePeer() as peer, SmtpSink() as sink:

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import pytest
 from support.masd_process import (
     WAIT,
     MasdProcess,
@@ -158,6 +159,7 @@ def text_of(mail: ReceivedMail) -> str:
 # --------------------------------------------------------------------------- intake
 
 
+@pytest.mark.slow
 def test_intake_creates_case_and_acknowledges(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -198,6 +200,7 @@ def test_intake_creates_case_and_acknowledges(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- handoff to a mode
 
 
+@pytest.mark.slow
 def test_callback_request_statuses_and_one_resume_mail(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -259,6 +262,7 @@ def test_callback_request_statuses_and_one_resume_mail(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_negotiation_question_and_update(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -304,6 +308,7 @@ def test_negotiation_question_and_update(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- refusals
 
 
+@pytest.mark.slow
 def test_mode_without_endpoint_refused_mode_unavailable(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -327,6 +332,7 @@ def test_mode_without_endpoint_refused_mode_unavailable(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_mode_not_in_modes_refused_mode_not_enabled(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -343,6 +349,7 @@ def test_mode_not_in_modes_refused_mode_not_enabled(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_unauthenticated_sender_blocked_and_never_mailed(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -378,6 +385,7 @@ def test_unauthenticated_sender_blocked_and_never_mailed(tmp_path: Path) -> None
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_second_request_while_one_is_open_starts_nothing(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -403,6 +411,7 @@ def test_second_request_while_one_is_open_starts_nothing(tmp_path: Path) -> None
 # --------------------------------------------------------------------------- time and failures
 
 
+@pytest.mark.slow
 def test_deadline_times_out_cancels_and_resumes(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path, deadline="2s") as run:
@@ -432,6 +441,7 @@ def test_deadline_times_out_cancels_and_resumes(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_request_refused_with_400_fails_and_resumes(tmp_path: Path) -> None:
     async def main() -> None:
         peer = FakePeer([(400, {"ok": False, "error": "invalid-message", "detail": "no"})])
@@ -453,6 +463,7 @@ def test_request_refused_with_400_fails_and_resumes(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_request_answered_503_is_retried_with_the_same_id(tmp_path: Path) -> None:
     async def main() -> None:
         peer = FakePeer([(503, {"ok": False, "error": "busy", "detail": "later"})])
@@ -473,6 +484,7 @@ def test_request_answered_503_is_retried_with_the_same_id(tmp_path: Path) -> Non
 # --------------------------------------------------------------------------- the process
 
 
+@pytest.mark.slow
 def test_restart_after_kill_resumes_pending_work_once(tmp_path: Path) -> None:
     async def main() -> None:
         endpoint_up = asyncio.Event()
@@ -527,6 +539,7 @@ def test_restart_after_kill_resumes_pending_work_once(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_sigterm_exits_zero(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -541,6 +554,7 @@ def test_sigterm_exits_zero(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- LMTP replies
 
 
+@pytest.mark.slow
 def test_one_transaction_many_recipients_mixed_outcomes(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:

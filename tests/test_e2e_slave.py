@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 import httpx
 import jsonschema
+import pytest
 from support.masd_process import ROOT, WAIT, MasdProcess, mx_mail, wait_until
 from support.slave import OTHER_DOMAIN, SlaveSetup, write_slave_config
 
@@ -247,6 +248,7 @@ def refusal(response: httpx.Response) -> tuple[int, str]:
 # --------------------------------------------------------------------------- intake and assignment
 
 
+@pytest.mark.slow
 def test_intake_is_reported_and_no_id_is_invented(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -294,6 +296,7 @@ def test_intake_is_reported_and_no_id_is_invented(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_assign_adopts_the_masters_id_once(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -394,6 +397,7 @@ def test_assign_adopts_the_masters_id_once(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- mail.send
 
 
+@pytest.mark.slow
 def test_mail_send_replies_to_the_sender_of_the_message(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path, per_case=3) as run:
@@ -532,6 +536,7 @@ def test_mail_send_replies_to_the_sender_of_the_message(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- policy and transfers
 
 
+@pytest.mark.slow
 def test_policy_changes_only_the_fields_it_carries(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -618,6 +623,7 @@ def test_policy_changes_only_the_fields_it_carries(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_block_reports_handoff_requested_not_forwarded(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -659,6 +665,7 @@ def test_block_reports_handoff_requested_not_forwarded(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_type_defaults_apply_until_the_master_overrides_them(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path, autonomous_send=True, transfers="webhook") as run:
@@ -733,6 +740,7 @@ class SwitchableMaster:
         return [m for m in self.accepted if m.get("type") == mtype]
 
 
+@pytest.mark.slow
 def test_webhook_transfer_relays_every_status_in_order_under_retries(tmp_path: Path) -> None:
     async def main() -> None:
         crm = SwitchableMaster()
@@ -825,6 +833,7 @@ def test_webhook_transfer_relays_every_status_in_order_under_retries(tmp_path: P
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_negotiation_only_with_autonomous_send(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path, transfers="webhook") as run:
@@ -887,6 +896,7 @@ def test_negotiation_only_with_autonomous_send(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_master_cancel_is_recorded_and_forwarded(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path) as run:
@@ -966,6 +976,7 @@ def test_master_cancel_is_recorded_and_forwarded(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_refused_webhook_request_fails_without_mail_and_tells_the_master(tmp_path: Path) -> None:
     async def main() -> None:
         async with running(tmp_path, transfers="webhook", autonomous_send=True) as run:
@@ -994,6 +1005,7 @@ def test_refused_webhook_request_fails_without_mail_and_tells_the_master(tmp_pat
 # --------------------------------------------------------------------------- the process
 
 
+@pytest.mark.slow
 def test_restart_delivers_pending_intake_and_relays_once(tmp_path: Path) -> None:
     async def main() -> None:
         crm = SwitchableMaster()

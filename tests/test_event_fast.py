@@ -229,6 +229,7 @@ _header_lines = st.lists(
 )
 
 
+@pytest.mark.slow
 @SLOW
 @given(
     _header_lines, st.sampled_from([b"\n", b"\r\n", b"", b"\r"]), st.sampled_from([b"", b"body\n"])
@@ -339,6 +340,7 @@ _mime_lines = st.lists(
 )
 
 
+@pytest.mark.slow
 @SLOW
 @given(_mime_lines, st.sampled_from(["b", "b-", "b--"]), st.booleans())
 def test_split_multipart_agrees_on_delimiter_shaped_bytes(

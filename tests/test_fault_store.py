@@ -58,6 +58,7 @@ def wait_writable(store: Store) -> float:
     return time.monotonic() - began
 
 
+@pytest.mark.slow
 def test_a_full_disk_fails_every_write_then_heals_by_itself(tmp_path: Path) -> None:
     with open_with_seam(tmp_path / "masd.db") as store:
         assert store.write_sync(insert(0)) == 1
@@ -88,6 +89,7 @@ def test_a_full_disk_fails_every_write_then_heals_by_itself(tmp_path: Path) -> N
         assert stats.faults == 1
 
 
+@pytest.mark.slow
 def test_healthz_check_probes_only_a_verdict_older_than_asked(tmp_path: Path) -> None:
     async def main(store: Store) -> None:
         before = store.stats.batches
@@ -146,6 +148,7 @@ def read_only_files(path: Path, writable: bool) -> None:
             file.chmod(0o600 if writable else 0o400)
 
 
+@pytest.mark.slow
 def test_a_store_opened_read_only_accepts_writes_once_it_can(tmp_path: Path) -> None:
     if IS_ROOT:
         with tmpfs(tmp_path / "mnt", "8m") as mnt:

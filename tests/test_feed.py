@@ -38,6 +38,7 @@ def _fixed(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in e.items() if k != "delivery"} for e in entries]
 
 
+@pytest.mark.slow
 def test_the_feed_pages_in_commit_order_and_long_polls(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path) as run:
@@ -91,6 +92,7 @@ def test_the_feed_pages_in_commit_order_and_long_polls(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_the_feed_refuses_by_name(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path) as run:
@@ -205,6 +207,7 @@ def test_sse_resumes_across_kill_9_without_skipping_or_repeating(tmp_path: Path)
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_the_case_list_filters_and_pages(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path, endpoint=FakePeer()) as run:
@@ -260,6 +263,7 @@ def test_the_case_list_filters_and_pages(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_delivery_state_shows_mail_that_has_not_left(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path) as run:

@@ -11,6 +11,7 @@ past ``404``.  Then:
   (a store fault), every answer JSON;
 - arbitrary bytes and command sequences go to the LMTP listener: every
   reply is a well-formed reply line, never a ``451`` (masd's own fault);
+  mail with lines of any length is recorded (``250``);
 - afterwards masd still runs, ``/healthz`` is 200, mail is still
   recorded, and its log holds no traceback.
 
@@ -251,6 +252,7 @@ def _envelopes(running: Running) -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+@pytest.mark.slow
 @given(data=st.data(), peer=PEERS)
 @settings(FUZZ, max_examples=200)
 def test_envelope_shaped_json_never_fails_masd(
@@ -347,6 +349,29 @@ def test_arbitrary_lmtp_sessions_get_well_formed_replies(
     for line in replies[:-1]:
         assert REPLY_LINE.fullmatch(line), line
         assert not line.startswith(b"451"), answer  # masd's own fault
+
+
+#: Body lines of any length (most over the 1000 octets of RFC 5321 §4.5.3.1.6), any octet
+#: but CR and LF.
+LONG_LINES = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=20_000), st.binary(min_size=1, max_size=40)).map(
+        lambda t: (t[1].replace(b"\r", b"x").replace(b"\n", b"y") * t[0])[: t[0]]
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@given(lines=LONG_LINES)
+@settings(FUZZ, max_examples=40)
+def test_mail_with_lines_of_any_length_is_recorded(running: Running, lines: list[bytes]) -> None:
+    # docs/protocol.md §3: no mail is refused for its content.
+    _, mail = mx_mail(ANN, "ticket@help.example")
+    mail += b"\r\n".join(lines) + b"\r\n"
+    result = asyncio.run(
+        lmtpclient.deliver(("127.0.0.1", running.lmtp_port), ANN, ["ticket@help.example"], mail)
+    )
+    assert [(r.final.code, r.final.enhanced) for r in result.recipients] == [(250, "2.0.0")]
 
 
 def test_after_the_fuzzing_mail_is_still_recorded(running: Running) -> None:

@@ -251,6 +251,7 @@ def rss_mb(pid: int) -> float:
     raise AssertionError(f"no VmRSS for process {pid}")
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 def test_memory_returns_to_its_level_after_connection_bursts(tmp_path: Path) -> None:
     asyncio.run(_memory_after_bursts(tmp_path))

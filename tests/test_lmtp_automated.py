@@ -41,6 +41,7 @@ async def thread(http: httpx.AsyncClient, n: int) -> list[dict[str, Any]]:
     return entries
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("headers", AUTOMATED)
 def test_automated_mail_is_not_acknowledged_nor_handed_off(
     tmp_path: Path, headers: dict[str, str]

@@ -139,6 +139,72 @@ def test_a_delivery_after_a_refused_session_is_recorded(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+# --------------------------------------------------------------------------- long lines
+
+
+#: A real Outlook reply's HTML part: one line of 1,523 characters.
+OUTLOOK_LINE = (
+    b'<div class="WordSection1"><p class="MsoNormal"><span style="font-size:11.0pt">'
+    + b"Thanks, the printer on floor 3 works again. " * 32
+).ljust(1523, b"x")
+
+
+HTML_HEAD = (
+    b"From: Alice <alice@example.org>\r\nTo: ticket@help.example\r\nSubject: Re: Printer\r\n"
+    b"Message-ID: <lim-2@example.org>\r\nContent-Type: text/html; charset=us-ascii\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    "line", [OUTLOOK_LINE, bytes(range(33, 127)) * 1090], ids=["1523 octets", "100 KB"]
+)
+def test_a_long_line_in_the_data_is_recorded_byte_for_byte(tmp_path: Path, line: bytes) -> None:
+    # docs/protocol.md §3: no mail is refused for its content; only the size limit holds.
+    raw = HTML_HEAD + b"Hello,\r\n" + line + b"\r\n.leading dot\r\n"
+
+    async def main() -> None:
+        async with listening(tmp_path) as lmtp:
+            result = await deliver(
+                ("127.0.0.1", lmtp.port), "a@example.org", ["ticket@help.example"], raw
+            )
+            assert [(r.final.code, r.final.enhanced) for r in result.recipients] == [(250, "2.0.0")]
+            (stored,) = await lmtp.store.read(
+                lambda db: db.execute("SELECT raw FROM messages").fetchall()
+            )
+            assert stored[0] == raw
+            assert lmtp.metrics.value("masd_deliveries_total", outcome="recorded") == 1
+
+    assert len(line) in (1523, 102_460)
+    asyncio.run(main())
+
+
+def test_a_command_line_over_the_limit_is_still_refused(tmp_path: Path) -> None:
+    # The limit of the dialogue itself (aiosmtpd's), unlike a line of the data.
+    async def main() -> None:
+        async with lmtp_session(tmp_path) as (reader, writer):
+            long_path = b"MAIL FROM:<" + b"a" * 3000 + b"@example.org>"
+            reply = await command(reader, writer, long_path)
+            assert reply.startswith(b"500 5.5.2 "), reply
+            assert b"too long" in reply
+            assert (await command(reader, writer, b"NOOP")).startswith(b"250 ")
+
+    asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def lmtp_session(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    async with listening(tmp_path) as lmtp:
+        reader, writer, greeting = await lmtp.session()
+        assert greeting.startswith(b"220 ")
+        assert (await command(reader, writer, b"LHLO mx.help.example")).startswith(b"250 ")
+        try:
+            yield reader, writer
+        finally:
+            writer.close()
+
+
 # --------------------------------------------------------------------------- no progress
 
 

@@ -121,6 +121,7 @@ _PIECES = st.sampled_from(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=3000)
 @given(st.lists(_PIECES, max_size=12).map("".join))
 @example("<a@b> X=1 ")

@@ -252,6 +252,7 @@ def bounces(mails: list[ReceivedMail]) -> list[ReceivedMail]:
 # --------------------------------------------------------------------------- tests
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_smtp_mail_becomes_a_case_and_the_reply_leaves_through_postfix(tmp_path: Path) -> None:
     async def main() -> None:
@@ -284,6 +285,7 @@ def test_smtp_mail_becomes_a_case_and_the_reply_leaves_through_postfix(tmp_path:
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_callback_mail_reaches_the_mode_endpoint(tmp_path: Path) -> None:
     async def main() -> None:
@@ -305,6 +307,7 @@ def test_callback_mail_reaches_the_mode_endpoint(tmp_path: Path) -> None:
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_masd_stopped_mail_waits_in_the_queue_and_arrives_once(tmp_path: Path) -> None:
     async def main() -> None:
@@ -351,6 +354,7 @@ def test_masd_stopped_mail_waits_in_the_queue_and_arrives_once(tmp_path: Path) -
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_multi_recipient_message_with_one_bad_recipient(tmp_path: Path) -> None:
     async def main() -> None:
@@ -388,6 +392,7 @@ def test_multi_recipient_message_with_one_bad_recipient(tmp_path: Path) -> None:
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_unknown_address_refused_at_rcpt_and_no_bounce(tmp_path: Path) -> None:
     async def main() -> None:
@@ -423,6 +428,7 @@ def test_unknown_address_refused_at_rcpt_and_no_bounce(tmp_path: Path) -> None:
     run(main)
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_forged_authentication_results_are_not_trusted(tmp_path: Path) -> None:
     async def main() -> None:
@@ -495,6 +501,7 @@ def test_readme_postfix_section_is_packaging_postfix() -> None:
         assert f"\n```\n{text}```\n" in section, f"README does not quote {name} verbatim"
 
 
+@pytest.mark.slow
 @pytest.mark.postfix
 def test_milter_refuses_at_rcpt_and_at_end_of_data(tmp_path: Path) -> None:
     async def main() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pytest
 from support.masd_process import WAIT
 from support.watch import ANN, Watched, watched
 
@@ -48,6 +49,7 @@ async def _thread(run: Watched, key: str) -> list[dict[str, Any]]:
     return entries
 
 
+@pytest.mark.slow
 def test_queue_lists_and_retry_sends_now(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path, args=TEST_CLOCK) as run:
@@ -97,6 +99,7 @@ def test_queue_lists_and_retry_sends_now(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_retry_all_and_drop_record_it_in_the_thread(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path, args=TEST_CLOCK) as run:
@@ -142,6 +145,7 @@ def test_retry_all_and_drop_record_it_in_the_thread(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_dropped_request_fails_its_handoff_and_a_failed_one_is_not_retried(
     tmp_path: Path,
 ) -> None:
@@ -173,6 +177,7 @@ def test_a_dropped_request_fails_its_handoff_and_a_failed_one_is_not_retried(
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_queue_changes_the_store_when_masd_is_not_running(tmp_path: Path) -> None:
     async def main() -> None:
         async with watched(tmp_path, args=TEST_CLOCK) as run:

@@ -40,6 +40,32 @@ def test_readme_names_the_two_commands() -> None:
     assert re.search(r"^test:", makefile, re.M)
 
 
+def test_make_check_runs_the_tests_not_marked_slow_and_make_test_runs_all() -> None:
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`make check` runs ruff, mypy and every test not marked `slow`" in readme
+    make = require_program("make")
+
+    def steps(target: str) -> list[str]:
+        done = subprocess.run(
+            [make, "--dry-run", "--always-make", "--no-print-directory", "-C", str(ROOT), target],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.splitlines()
+
+    check, test = steps("check"), steps("test")
+    for lines in (check, test):
+        assert any(line.endswith("/ruff check masd tests") for line in lines), lines
+        assert any(line.endswith("/mypy") for line in lines), lines
+    (fast,) = [line for line in check if "/pytest " in line]
+    assert fast.endswith('-m "not slow"'), fast
+    assert "-n auto" in fast
+    (full,) = [line for line in test if "/pytest" in line.split()[0]]
+    assert "-m" not in full.split(), full
+
+
 def fresh_clone(tmp_path: Path) -> Path:
     """The Makefile and packaging/ as a clone gets them: git keeps no modes but the
     executable bit, so every token file is 0644 (umask 022)."""
@@ -63,7 +89,7 @@ def first_using_masd_command() -> list[str]:
 
 def test_every_make_target_on_the_virtualenv_first_gives_the_example_secrets_0600() -> None:
     make = require_program("make")
-    for target in ("demo", "test", "conformance"):
+    for target in ("demo", "test", "check", "conformance"):
         done = subprocess.run(
             [make, "--dry-run", "--always-make", "--no-print-directory", "-C", str(ROOT), target],
             capture_output=True,

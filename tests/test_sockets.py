@@ -298,6 +298,7 @@ def master_config(directory: Path) -> Path:
     ).config
 
 
+@pytest.mark.slow
 def test_masd_serves_the_passed_sockets_and_binds_nothing_itself(tmp_path: Path) -> None:
     asyncio.run(_masd_serves_the_passed_sockets_and_binds_nothing_itself(tmp_path))
 
@@ -330,6 +331,7 @@ async def _masd_serves_the_passed_sockets_and_binds_nothing_itself(tmp_path: Pat
             late.connect(lmtp_path)
 
 
+@pytest.mark.slow
 def test_only_lmtp_passed_http_is_bound_from_the_config(tmp_path: Path) -> None:
     asyncio.run(_only_lmtp_passed_http_is_bound_from_the_config(tmp_path))
 
@@ -350,6 +352,7 @@ async def _only_lmtp_passed_http_is_bound_from_the_config(tmp_path: Path) -> Non
             assert await wait_exit(proc) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("names", "words"),
     [
@@ -376,6 +379,7 @@ async def _a_socket_masd_cannot_serve_stops_the_start(
     assert not (tmp_path / "conf" / "masd.db").exists()  # refused before the store opened
 
 
+@pytest.mark.slow
 @pytest.mark.system
 def test_systemd_socket_activate_starts_masd_on_the_first_connection(
     tmp_path: Path,

@@ -623,6 +623,7 @@ def test_the_writer_leaves_checkpoints_to_the_checkpointer(tmp_path: Path) -> No
         assert path.stat().st_size > before
 
 
+@pytest.mark.slow
 def test_the_wal_is_started_over_under_steady_writes(tmp_path: Path) -> None:
     """Commits that never pause would grow the WAL without end (a PASSIVE
     checkpoint never catches up, so SQLite never starts the log over); past

@@ -95,6 +95,7 @@ def check_consistent(db: Path, committed: set[int]) -> int:
     return len(cases)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_points", [(1, 40, 400, 2000)])
 def test_sigkill_mid_batch_keeps_jobs_whole(tmp_path: Path, kill_points: tuple[int, ...]) -> None:
     db = tmp_path / "crash.db"

@@ -71,6 +71,7 @@ def test_the_readme_and_the_header_say_how_skips_work(monkeypatch: pytest.Monkey
     assert "skips" in conftest.pytest_report_header()
 
 
+@pytest.mark.slow
 def test_a_run_without_the_program_prints_the_package_in_its_summary(tmp_path: Path) -> None:
     """What ``make test`` shows on a machine without pipx: the -ra summary line, at the test."""
     case = tmp_path / "test_needs_pipx.py"

@@ -41,7 +41,6 @@ class Replies:
     UNKNOWN_TYPE: Final = ReplyCode(550, "5.1.1", "unknown-type")
     UNKNOWN_CASE: Final = ReplyCode(550, "5.1.1", "unknown-case")
     TOO_BIG: Final = ReplyCode(552, "5.3.4", "too-big")
-    LINE_TOO_LONG: Final = ReplyCode(554, "5.6.0", "line-too-long")
     FAULT: Final = ReplyCode(451, "4.3.0", "fault")
     TOO_MANY_SESSIONS: Final = ReplyCode(421, "4.3.2", "too-many-sessions")
 

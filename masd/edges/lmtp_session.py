@@ -5,8 +5,8 @@ Built on aiosmtpd's ``LMTP`` protocol, served by :func:`masd.edges.lmtp.start_lm
 in :class:`LmtpProtocol`:
 
 - after DATA, every reply is one line per accepted recipient (RFC 2033
-  §4.2), including aiosmtpd's own "too much mail data" and "line too long"
-  answers, which it sends once (Postfix would then read the other
+  §4.2), the refusal of data over the size limit included (aiosmtpd sends
+  its "too much mail data" once; Postfix would then read the other
   recipients' replies out of step);
 - LHLO advertises PIPELINING and ENHANCEDSTATUSCODES (RFC 2033 §4.1), and
   every reply but the greeting, LHLO and 354 carries an enhanced status code
@@ -18,10 +18,18 @@ in :class:`LmtpProtocol`:
   quarter of masd's CPU at intake, and still reads every other form;
 - the message after DATA is read in large pieces up to the end-of-data line
   (:func:`read_data`), not one line per ``await`` as aiosmtpd does, with the
-  same limits and answers;
+  same size limit; a line of the data may be of any length (aiosmtpd refuses
+  one over 1000 octets: masd never refuses a mail for its content,
+  docs/protocol.md §3), while a command line keeps aiosmtpd's limits;
 - a session that makes no progress (no command, no data) for the idle
   timeout is closed (docs/protocol.md §3, RFC 5321 §4.5.3.2); while masd itself works
   on the data the clock is stopped.  Closing inside DATA records nothing.
+
+The session's state is one :class:`~masd.edges.lmtp_state.State`, moved
+through the table of :mod:`masd.edges.lmtp_state`; it decides what each
+reply is.  The answer to the data is made from a reply kind
+(:class:`~masd.edges.lmtp_replies.Replies`), never read back from a reply's
+text.
 
 aiosmtpd's private names (underscore attributes and methods) that this
 module overrides or reads are listed in :data:`PRIVATE_METHODS` and
@@ -39,12 +47,13 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AnyStr, Final
+from typing import TYPE_CHECKING, Any, AnyStr, Final, assert_never
 
 from aiosmtpd.lmtp import LMTP
 from aiosmtpd.smtp import SMTP, syntax
 
 from masd.edges.lmtp_replies import RecipientReplies, Replies, ReplyCode
+from masd.edges.lmtp_state import IN_DATA, Event, State, next_state
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -127,16 +136,16 @@ def plain_path(arg: str) -> tuple[str, str] | None:
 
 #: RFC 5321 §4.1.1.4: the mail data ends with a line holding one dot.
 _END: Final = b"\r\n.\r\n"
-#: Longest data line aiosmtpd accepts, its CR LF included (``SMTP.line_length_limit``).
+#: aiosmtpd's reader limit (``SMTP.line_length_limit``): the longest command line it
+#: reads, its CR LF included.  Data lines are not held to it (:func:`read_data`).
 LINE_LIMIT: Final = 1001
 
 
 @dataclass(frozen=True)
 class Data:
-    """What :func:`read_data` read: the message, or why it was refused."""
+    """What :func:`read_data` read: the message, or that it was over the size limit."""
 
     content: bytes = b""
-    too_long: bool = False  # a line over LINE_LIMIT octets with its CR LF (answered 500)
     too_much: bool = False  # over the size limit (answered 552)
 
 
@@ -148,42 +157,21 @@ def _partial_end(tail: bytes | bytearray) -> int:
     return 0
 
 
-def _first_refusal(body: bytes | bytearray, size_limit: int | None) -> Data:
-    """Which limit the data passed first, line by line, as aiosmtpd counts.
-
-    A line longer than the reader's limit (LINE_LIMIT octets without its end)
-    is refused before it is counted; other lines are counted, then measured.
-    """
-    total = 0
-    lines = bytes(body[2:]).split(b"\r\n")
-    for i, line in enumerate(lines):
-        if len(line) > LINE_LIMIT:
-            return Data(too_long=True)
-        if i == len(lines) - 1:
-            break  # not ended by CR LF (yet): not counted
-        total += len(line) + 2
-        if size_limit and total > size_limit:
-            return Data(too_much=True)
-        if len(line) + 2 > LINE_LIMIT:
-            return Data(too_long=True)
-    return Data(too_much=True)
-
-
 async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Data:
     """Read mail data up to the end-of-data line, in pieces as large as the buffer.
 
     The stream is read as if a CR LF came before it (the DATA command's own
     line end), so data that is only "." is an empty message.  Nothing after
     the end-of-data line is consumed: a pipelining client's next command
-    stays in the reader.  The limits and answers are aiosmtpd's: a line over
-    :data:`LINE_LIMIT` octets with its CR LF is ``too_long``, more than
-    ``size_limit`` octets ``too_much`` (whichever the data reaches first),
-    and refused data is still read to its end but not kept.  A leading dot
-    is removed from each line (RFC 5321 §4.5.2).
+    stays in the reader.  More than ``size_limit`` octets is ``too_much``,
+    counted as aiosmtpd counts, and refused data is still read to its end
+    but not kept.  Lines may be of any length: the reader's limit only sets
+    the size of the pieces read.  A leading dot is removed from each line
+    (RFC 5321 §4.5.2).
     """
     body = bytearray(b"\r\n")
     size = 0  # octets read after the leading CR LF
-    refused: Data | None = None
+    refused = False
     while True:
         partial = _partial_end(body)
         if partial:
@@ -198,18 +186,16 @@ async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Dat
         body += piece
         size += len(piece)
         ended = body.endswith(_END)
-        if refused is None and size_limit and size - 3 > size_limit:
-            refused = _first_refusal(body, size_limit)
+        if not refused and size_limit and size - 3 > size_limit:
+            refused = True
         if ended:
             break
-        if refused is not None:
+        if refused:
             # Keep only what finding the end-of-data sequence needs.
             del body[: -(len(_END) - 1)]
-    if refused is not None:
-        return refused
+    if refused:
+        return Data(too_much=True)
     content = bytes(body[:-3])  # the final ".\r\n" off; the leading CR LF still on
-    if max(map(len, content.split(b"\r\n"))) + 2 > LINE_LIMIT:
-        return _first_refusal(content, size_limit)
     return Data(content=content.replace(b"\r\n.", b"\r\n")[2:])
 
 
@@ -219,12 +205,18 @@ class LmtpProtocol(LMTP):
     def __init__(self, handler: Handler, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.masd_handler = handler
-        self._in_lhlo = False
-        self._data_open = False  # between our 354 and the replies to the data
-        self._data_rcpts: list[str] = []
+        self._state = State.GREETING
+        self._data_rcpts: list[str] = []  # the recipients the answer to the data is for
         self._idle_until = 0.0  # loop time after which an idle session is closed
         self._idle_armed = False  # a check is scheduled (self._timeout_handle)
-        self._working = False  # masd records the data: the idle clock is stopped
+
+    @property
+    def state(self) -> State:
+        """Where the session stands (:mod:`masd.edges.lmtp_state`)."""
+        return self._state
+
+    def _move(self, event: Event) -> None:
+        self._state = next_state(self._state, event)
 
     def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
         plain = plain_path(arg)
@@ -249,7 +241,7 @@ class LmtpProtocol(LMTP):
 
     def _idle_check(self) -> None:
         self._idle_armed = False
-        if self._working:
+        if self._state is State.RECORDING:
             self._reset_timeout()
             return
         if self.loop.time() < self._idle_until:
@@ -267,16 +259,16 @@ class LmtpProtocol(LMTP):
     def data_received(self, data: bytes) -> None:
         # Inside the mail data every octet is progress (RFC 5321 §4.5.3.2.5
         # times each read); elsewhere only a whole command is.
-        if self._data_open:
+        if self._state in IN_DATA:
             self._reset_timeout()
         super().data_received(data)
 
     async def smtp_LHLO(self, arg: str) -> None:
-        self._in_lhlo = True
+        self._move(Event.LHLO)
         try:
             await super().smtp_LHLO(arg)
         finally:
-            self._in_lhlo = False
+            self._move(Event.LHLO_DONE)
 
     @syntax("DATA")
     async def smtp_DATA(self, arg: str) -> None:
@@ -285,13 +277,14 @@ class LmtpProtocol(LMTP):
         except (ConnectionError, asyncio.CancelledError):
             raise
         except Exception:
-            if not self._data_open:
+            if self._state not in IN_DATA:
                 raise
             log.exception("LMTP DATA fault")
             self.envelope = self._create_envelope()
             await self.push(self._fault_replies())
         finally:
-            self._data_open = False
+            if self._state in IN_DATA:
+                self._move(Event.DATA_ENDED)
 
     async def _data(self, arg: str) -> None:
         """aiosmtpd's DATA command with the data read by :func:`read_data`."""
@@ -304,7 +297,9 @@ class LmtpProtocol(LMTP):
         if arg:
             await self.push("501 Syntax: DATA")
             return
-        await self.push("354 End data with <CR><LF>.<CR><LF>")
+        self._data_rcpts = list(self.envelope.rcpt_tos)
+        self._move(Event.GO_AHEAD)
+        await super().push("354 End data with <CR><LF>.<CR><LF>")  # as it is: no enhanced code
         try:
             data = await read_data(self._reader, self.data_size_limit)
         except asyncio.IncompleteReadError as exc:
@@ -315,20 +310,15 @@ class LmtpProtocol(LMTP):
         except asyncio.CancelledError:
             self._writer.close()  # the connection was lost (aiosmtpd cancels us)
             raise
-        if data.too_long or data.too_much:
-            await self.push(
-                "500 Line too long (see RFC5321 4.5.3.1.6)"
-                if data.too_long
-                else "552 Error: Too much mail data"
-            )
+        if data.too_much:
+            await self.push(self._too_big())
             self.envelope = self._create_envelope()
             return
         self.envelope.content = self.envelope.original_content = data.content
-        self._working = True
+        self._move(Event.DATA_READ)
         try:
             status = await self._call_handler_hook("DATA")
         finally:
-            self._working = False
             self._reset_timeout()
         self.envelope = self._create_envelope()
         await self.push(status)
@@ -344,34 +334,34 @@ class LmtpProtocol(LMTP):
             Replies.FAULT, "temporary failure, try again later", self._data_rcpts
         )
 
+    def _too_big(self) -> RecipientReplies:
+        """The answer to data over the size limit, the one limit on the data, for
+        each recipient (docs/protocol.md §3)."""
+        rcpts = self._data_rcpts
+        handler = self.masd_handler
+        limit = handler.size_limit
+        text = f"message over {limit} octets (server.max_message_bytes)"
+        log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
+        return handler.per_recipient(Replies.TOO_BIG, text, rcpts)
+
     def _lmtp_reply(self, status: str) -> str:
-        if self._data_open:
-            # The answer to the data: it must be one line per recipient.
-            self._data_open = False
-            if isinstance(status, RecipientReplies):
+        match self._state:
+            case State.GREETING:
+                self._move(Event.GREETED)
                 return status
-            rcpts = self._data_rcpts
-            code = status[:3]
-            handler = self.masd_handler
-            if code == "552":
-                limit = handler.size_limit
-                text = f"message over {limit} octets (server.max_message_bytes)"
-                log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
-                return handler.per_recipient(Replies.TOO_BIG, text, rcpts)
-            if code == "500" and "too long" in status.lower():
-                text = "a line over 1000 octets (RFC 5321 4.5.3.1.6)"
-                log.info("message refused: line too long, %d recipients", len(rcpts))
-                return handler.per_recipient(Replies.LINE_TOO_LONG, text, rcpts)
-            log.error("unexpected reply to DATA %r; answered 451 for each recipient", status)
-            return self._fault_replies()
-        if status.startswith("354"):
-            assert self.envelope is not None
-            self._data_open = True
-            self._data_rcpts = list(self.envelope.rcpt_tos)
-            return status
-        if self._in_lhlo or status.startswith("220"):
-            return status
-        return _with_enhanced(status)
+            case State.LHLO:
+                return status
+            case State.DATA | State.RECORDING:
+                # The answer to the data: it must be one line per recipient.
+                self._move(Event.ANSWERED)
+                if isinstance(status, RecipientReplies):
+                    return status
+                log.error("unexpected reply to DATA %r; answered 451 for each recipient", status)
+                return self._fault_replies()
+            case State.COMMANDS:
+                return _with_enhanced(status)
+            case _:
+                assert_never(self._state)
 
 
 async def missing_private_names(

@@ -9,9 +9,9 @@ is enforced in :func:`_send_mail`, the one place every outbound mail passes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 from masd.core import compose
 from masd.core.engine import (
@@ -130,7 +130,7 @@ def apply(
     """
     ap = _Applying(job, case, quiet, recorded)
     for effect in effects:
-        _HANDLERS[type(effect)](ap, effect)
+        _carry_out(ap, effect)
     return ap.result()
 
 
@@ -378,16 +378,30 @@ def _queue_mail(ap: _Applying, s: SendMail, original: _Original) -> None:
     log.debug("mail queued case=%s purpose=%s message_id=%s", case.key, s.purpose, mid)
 
 
-#: Which function carries out each kind of effect.
-_HANDLERS: Final[dict[type[Any], Callable[[_Applying, Any], None]]] = {
-    CreateCase: _create_case,
-    Thread: _thread,
-    OpenHandoff: _open_handoff,
-    Status: _status,
-    SendContract: _send_contract,
-    SendMail: _send_mail_effect,
-    AbandonRequest: _abandon_request,
-    OpenIntake: _open_intake,
-    AssignIntake: _assign_intake,
-    SetPolicy: _set_policy,
-}
+def _carry_out(ap: _Applying, effect: Effect) -> None:
+    """One effect, by its kind.  The match is exhaustive: an effect added to
+    :data:`~masd.core.engine.Effect` with no case here fails mypy at
+    ``assert_never`` (tests/test_effects_exhaustive.py)."""
+    match effect:
+        case CreateCase():
+            _create_case(ap, effect)
+        case Thread():
+            _thread(ap, effect)
+        case OpenHandoff():
+            _open_handoff(ap, effect)
+        case Status():
+            _status(ap, effect)
+        case SendContract():
+            _send_contract(ap, effect)
+        case SendMail():
+            _send_mail_effect(ap, effect)
+        case AbandonRequest():
+            _abandon_request(ap, effect)
+        case OpenIntake():
+            _open_intake(ap, effect)
+        case AssignIntake():
+            _assign_intake(ap, effect)
+        case SetPolicy():
+            _set_policy(ap, effect)
+        case _:
+            assert_never(effect)

@@ -17,13 +17,16 @@ __all__ = ["free_port", "free_ports", "listening"]
 _EPHEMERAL_RANGE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _SPAN: Final = 10_000
 _TRIES: Final = 50
+#: Its own generator, seeded by the system: hypothesis seeds the global ``random`` alike in
+#: every process, so test processes running side by side would pick the same ports.
+_PICK: Final = random.SystemRandom()
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range."""
     low = _ephemeral_start()
     for _ in range(_TRIES):
-        port = random.randrange(max(1024, low - _SPAN), low)
+        port = _PICK.randrange(max(1024, low - _SPAN), low)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
