@@ -46,6 +46,7 @@ from masd.core import wire
 from masd.core.errors import WireError
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
+from masd.edges.signature_check import check_signature
 from masd.edges.sockets import ListenError, serve
 from masd.feed import FeedWatch
 from masd.metrics import health_gauges, store_gauges
@@ -249,6 +250,9 @@ class HttpEdge:
         if raw is None:
             log.info("message refused peer=%s status=413 too-large", principal.id)
             return refusal("too-large", f"body: over {MAX_BODY} bytes")
+        if unsigned := check_signature(principal, request.headers, raw, self.clock.now()):
+            log.info("message refused peer=%s status=401 %s", principal.id, unsigned)
+            return refusal("unauthenticated", unsigned)
         try:
             env = wire.parse_envelope(raw)
             wire.check_may_send(principal.kind, env)
