@@ -12,6 +12,7 @@ from masd.cli_common import CONFIG as _CONFIG
 from masd.cli_common import load as _load
 from masd.cli_watch import case, explain, queue, tail
 from masd.config import format_summary
+from masd.conformance.peer.command import peer
 from masd.core.errors import MasdError
 
 
@@ -253,6 +254,8 @@ def conformance_coverage(flows_dir: Path | None) -> None:
         raise SystemExit(2) from None
     click.echo(table(flows), nl=False)
 
+
+conformance.add_command(peer)  # masd conformance peer mode|master (masd/conformance/peer)
 
 # The operator's view (docs/operations.md, "Watching masd").
 for _command in (case, tail, queue, explain):
