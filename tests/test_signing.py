@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.http import write_config
 
-from masd.config import ConfigErrors, load_config
+from masd.config import ConfigErrors, format_summary, load_config
 from masd.core import signing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,6 +200,10 @@ def test_check_config_reads_each_line_of_the_secrets_file(tmp_path: Path) -> Non
     assert endpoint.signing.required is True
     assert endpoint.signing.keys == (signing.parse_secret(first), signing.parse_secret(second))
     assert first[6:] not in repr(endpoint)
+    summary = format_summary(load_config(path))
+    assert "!callback -> http://127.0.0.1:9/mas" in summary
+    assert "signed with 2 secrets; its requests must be signed" in summary
+    assert first not in summary
 
 
 KEY = 'domains."help.example".types.ticket.endpoints.callback.signing_secret_file'
@@ -241,3 +245,22 @@ def test_check_config_refuses_an_empty_secrets_file(tmp_path: Path) -> None:
     [error] = config_errors(tmp_path)
     assert error.startswith(KEY + ": ")
     assert "holds no secret" in error
+
+
+def test_a_master_entry_signs_too_and_its_errors_name_its_key(tmp_path: Path) -> None:
+    from masd.peers import peers_of
+
+    path = write_config(tmp_path)
+    secret = new_secret()
+    write_secrets(tmp_path, secret)
+    inline = 'token_file = "crm.token" }'
+    signed = 'token_file = "crm.token", signing_secret_file = "callback.whsec" }'
+    path.write_text(path.read_text().replace(inline, signed))
+    [master] = [p for p in peers_of(load_config(path)) if p.kind == "master"]
+    assert master.signing.keys == (signing.parse_secret(secret),)
+    assert master.signing.required is False
+    (tmp_path / "callback.whsec").chmod(0o604)
+    with pytest.raises(ConfigErrors) as caught:
+        load_config(path)
+    [error] = caught.value.errors
+    assert error.path == 'domains."help.example".types.case.master.signing_secret_file'
