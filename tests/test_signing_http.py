@@ -12,6 +12,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from support.http import CALLBACK, CHAT, Running, serving, status_message
@@ -239,5 +240,18 @@ def test_a_peer_that_need_not_sign_is_not_asked_to(tmp_path: Path) -> None:
         raw = json.dumps(status_message("ticket=gs-9@help.example", "h", 1, "scheduled")).encode()
         response = await send(r, raw, [], token=CHAT)
         assert response.status_code == 404, response.text
+
+    inbound_run(tmp_path, body)
+
+
+def test_headers_that_are_not_text_are_401_never_a_fault(tmp_path: Path) -> None:
+    async def body(r: Running, keys: list[str]) -> None:
+        raw = await accepted_status(r)
+        good = signing.headers([signing.parse_secret(keys[0])], "x", int(r.clock.now()), raw)
+        for name in ("webhook-id", "webhook-signature", "webhook-timestamp"):
+            headers: dict[str, Any] = {**JSON, "Authorization": f"Bearer {CALLBACK}", **good}
+            headers[name] = b"v1,\xff\xfe\x80"
+            response = await r.client.post(MESSAGES_PATH, content=raw, headers=headers)
+            assert response.status_code == 401, (name, response.text)
 
     inbound_run(tmp_path, body)
