@@ -75,9 +75,14 @@ class Kit:
     def __init__(self, options: KitOptions) -> None:
         self.options = options
         self.listener = KitListener(options.token, self._answer)
-        self.factory = Factory("", options.mode, options.domain, options.case_type)
-        self.factory.resource_type = options.resource_type
-        self.factory.details = options.details
+        self.factory = Factory(
+            status_url="",  # the listener's, once it listens
+            mode=options.mode,
+            domain=options.domain,
+            case_type=options.case_type,
+            resource_type=options.resource_type,
+            details=options.details,
+        )
         self.handoffs: set[str] = set()
         self.intakes: set[str] = set()
         self.assigned: dict[str, dict[str, str]] = {}  # intake_ref -> case
