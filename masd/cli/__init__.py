@@ -13,6 +13,7 @@ from masd.cli.common import load as _load
 from masd.cli.reload import PID_FILE, reload
 from masd.cli.watch import case, explain, queue, tail
 from masd.config import format_summary
+from masd.conformance.peer.command import peer
 from masd.core.errors import MasdError
 
 
@@ -255,6 +256,8 @@ def conformance_coverage(flows_dir: Path | None) -> None:
         raise SystemExit(2) from None
     click.echo(table(flows), nl=False)
 
+
+conformance.add_command(peer)  # masd conformance peer mode|master (masd/conformance/peer)
 
 # The operator's view (docs/operations.md, "Watching masd").
 for _command in (case, tail, queue, explain, reload):

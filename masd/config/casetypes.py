@@ -19,6 +19,7 @@ from masd.config.names import (
     join,
     show,
 )
+from masd.config.signing import SIGNING_KEYS, parse_signing
 from masd.config.values import url_problem, webhook_among
 
 ROLES: Final = ("master", "slave")
@@ -41,10 +42,10 @@ _ROLE_KEYS: Final = {
     "slave": _COMMON_TYPE_KEYS | frozenset(_SLAVE_ONLY),
 }
 _SEND_CAP_KEYS: Final = frozenset({"per_case", "per_recipient_per_day"})
-_ENDPOINT_KEYS: Final = frozenset({"url", "token_file", "deadline", "fields"})
-_MASTER_KEYS: Final = frozenset({"url", "token_file"})
+_ENDPOINT_KEYS: Final = frozenset({"url", "token_file", "deadline", "fields"}) | SIGNING_KEYS
+_MASTER_KEYS: Final = frozenset({"url", "token_file"}) | SIGNING_KEYS
 _POLICY_KEYS: Final = frozenset({"autonomous_send", "transfers"})
-_WEBHOOK_KEYS: Final = frozenset({"url", "token_file", "fields"})
+_WEBHOOK_KEYS: Final = frozenset({"url", "token_file", "fields"}) | SIGNING_KEYS
 
 
 @dataclass
@@ -233,6 +234,7 @@ def _parse_endpoint(
         token=token,
         deadline=deadline,
         fields=fields,
+        signing=parse_signing(check, table, path),
     )
 
 
@@ -259,7 +261,8 @@ def _parse_master(
     token = ""
     if isinstance(peer.get("token_file"), str):
         token = check.secret(join(master_path, "token_file"), token_file, kind="master", url=url)
-    return MasterPeer(domain=domain, type=type_name, url=url, token=token)
+    signed = parse_signing(check, peer, master_path)
+    return MasterPeer(domain=domain, type=type_name, url=url, token=token, signing=signed)
 
 
 def _parse_webhooks(
@@ -277,7 +280,12 @@ def _parse_webhooks(
         if isinstance(hook.get("token_file"), str):
             token = check.secret(join(hook_path, "token_file"), token_file, kind="webhook", url=url)
         fields = check.strings(hook, hook_path, "fields", _field_checker(check))
-        hooks.append(Webhook(domain=domain, type=type_name, url=url, token=token, fields=fields))
+        signed = parse_signing(check, hook, hook_path)
+        hooks.append(
+            Webhook(
+                domain=domain, type=type_name, url=url, token=token, fields=fields, signing=signed
+            )
+        )
     return tuple(hooks)
 
 

@@ -52,6 +52,18 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Signing:
+    """A peer's signing secrets (the keys of its ``whsec_`` lines) and whether it must sign."""
+
+    keys: tuple[bytes, ...] = field(default=(), repr=False)
+    required: bool = False
+
+
+#: A peer without signing secrets.
+NO_SIGNING: Final = Signing()
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """The mode endpoint of a master type: where ``handoff.request`` goes."""
 
@@ -62,6 +74,7 @@ class Endpoint:
     token: str = field(repr=False)
     deadline: float
     fields: tuple[str, ...]
+    signing: Signing = NO_SIGNING
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,7 @@ class MasterPeer:
     type: str
     url: str
     token: str = field(repr=False)
+    signing: Signing = NO_SIGNING
 
 
 @dataclass(frozen=True)
@@ -83,6 +97,7 @@ class Webhook:
     url: str
     token: str = field(repr=False)
     fields: tuple[str, ...]
+    signing: Signing = NO_SIGNING
 
 
 @dataclass(frozen=True)

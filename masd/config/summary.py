@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 
-from masd.config.model import Config, TypeConfig
+from masd.config.model import Config, Signing, TypeConfig
 from masd.config.values import format_duration
 
 
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
+
+
+def _signed(signing: Signing) -> str:
+    """How a peer's requests are signed (docs/protocol.md §9.8), or "" when they are not."""
+    if not signing.keys:
+        return ""
+    count = len(signing.keys)
+    must = "; its requests must be signed" if signing.required else ""
+    return f"; signed with {count} secret{'s' if count != 1 else ''}{must}"
 
 
 def format_summary(config: Config) -> str:
@@ -46,13 +55,17 @@ def _type_lines(tc: TypeConfig) -> list[str]:
     dmarc = f"dmarc for handoff {_yes(tc.require_dmarc_for_handoff)}"
     if tc.role != "master":
         master_url = tc.master.url if tc.master else "?"
+        signed = _signed(tc.master.signing) if tc.master else ""
         lines = [
-            f"  {tc.name}: slave, master {master_url}, {dmarc}, {cap}",
+            f"  {tc.name}: slave, master {master_url}{signed}, {dmarc}, {cap}",
             f"    policy: autonomous_send {_yes(tc.policy.autonomous_send)}, "
             f"transfers {tc.policy.transfers}",
         ]
         for hook in tc.webhooks:
-            lines.append(f"    webhook {hook.url}  fields {', '.join(hook.fields) or 'none'}")
+            lines.append(
+                f"    webhook {hook.url}  fields {', '.join(hook.fields) or 'none'}"
+                + _signed(hook.signing)
+            )
         return lines
     lines = [
         f"  {tc.name}: master, ids {tc.id_prefix}<n>, acknowledge "
@@ -68,5 +81,6 @@ def _type_lines(tc: TypeConfig) -> list[str]:
         lines.append(
             f"    !{mode} -> {endpoint.url}  deadline "
             f"{format_duration(endpoint.deadline)}, fields {', '.join(endpoint.fields) or 'none'}"
+            + _signed(endpoint.signing)
         )
     return lines

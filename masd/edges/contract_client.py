@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Mapping
 from typing import Any, Final
 
 import aiohttp
@@ -78,11 +79,21 @@ class ContractClient:
             auto_decompress=False,
         )
 
-    async def post(self, url: str, body: bytes, token: str) -> Attempt:
-        """Send one message; what became of it (never raises for the peer or the network)."""
+    async def post(
+        self, url: str, body: bytes, token: str, signed: Mapping[str, str] | None = None
+    ) -> Attempt:
+        """Send one message; what became of it (never raises for the peer or the network).
+
+        ``signed``: the signature headers (docs/protocol.md §9.8) of a peer that
+        has signing secrets, added to the Bearer secret.
+        """
         try:
             # Built here, not by client.stream(): no client headers or cookies merged in.
-            request = httpx.Request("POST", _target(url), content=body, headers=_headers(token))
+            headers = _headers(token)
+            if signed:
+                headers = headers.copy()
+                headers.update(signed)
+            request = httpx.Request("POST", _target(url), content=body, headers=headers)
             async with asyncio.timeout(self._timeout):
                 r = await self._http().send(request, stream=True)
                 try:

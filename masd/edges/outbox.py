@@ -44,6 +44,7 @@ from masd.edges.contract_client import HTTP_TIMEOUT, ContractClient
 from masd.edges.lanes import RELAY, Attempt, Lanes, origin
 from masd.edges.mailer import MailTransport, OutboundMail
 from masd.edges.outbox_heads import HeadFinder
+from masd.edges.signature_check import signed_headers
 from masd.edges.smtp import SmtpTransport
 from masd.service import OutboxItem, Runtime
 
@@ -255,7 +256,10 @@ class Outbox:
         if peer is None or not item.url:
             return Attempt("failed", f"peer {item.peer!r} is not configured (any more)", None)
         body = item.payload if isinstance(item.payload, bytes) else item.payload.encode("utf-8")
-        return await self._http.post(item.url, body, peer.token)
+        if not peer.signing.keys:
+            return await self._http.post(item.url, body, peer.token)
+        signed = signed_headers(peer.signing.keys, body, self._clock.now())
+        return await self._http.post(item.url, body, peer.token, signed)
 
     async def _mail(self, item: OutboxItem) -> Attempt:
         try:

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from masd.config import Config
+from masd.config import Config, Signing
+from masd.config.model import NO_SIGNING
 
 PeerKind = Literal["mode", "master", "webhook"]
 
@@ -29,6 +30,7 @@ class Peer:
     mode: str | None = None
     fields: tuple[str, ...] = ()
     deadline: float | None = None
+    signing: Signing = NO_SIGNING
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ def peers_of(config: Config) -> tuple[Peer, ...]:
                         mode,
                         ep.fields,
                         ep.deadline,
+                        ep.signing,
                     )
                 )
             if typ.master is not None:
@@ -90,6 +93,7 @@ def peers_of(config: Config) -> tuple[Peer, ...]:
                         typ.name,
                         m.url,
                         m.token,
+                        signing=m.signing,
                     )
                 )
             for wh in typ.webhooks:
@@ -103,6 +107,7 @@ def peers_of(config: Config) -> tuple[Peer, ...]:
                         wh.token,
                         None,
                         wh.fields,
+                        signing=wh.signing,
                     )
                 )
     return tuple(out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,9 +191,16 @@ async def serving(
     admin: bool = True,
     listen: Listen | None = None,
     limits: HttpLimits | None = None,
+    adjust: Callable[[str], str] | None = None,
 ) -> AsyncIterator[Running]:
-    """Start the HTTP edge on loopback port 0 (or ``listen``) over a fresh store."""
-    config = load_config(write_config(tmp_path, admin=admin))
+    """Start the HTTP edge on loopback port 0 (or ``listen``) over a fresh store.
+
+    ``adjust``: rewrites the configuration's text before it is loaded.
+    """
+    path = write_config(tmp_path, admin=admin)
+    if adjust is not None:
+        path.write_text(adjust(path.read_text()))
+    config = load_config(path)
     rt = service.Runtime(config, new_id=lambda: secrets.token_hex(16))
     store = Store.open(config.server.database)
     clock = Clock()

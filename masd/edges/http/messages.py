@@ -15,10 +15,12 @@ from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
 from masd import service
+from masd.clock import Clock
 from masd.core import wire
 from masd.core.errors import WireError
 from masd.edges.http.auth import PRINCIPAL, peer
 from masd.edges.http.shared import MAX_BODY, MESSAGES_PATH, HttpRefusal, Route, Served, status_of
+from masd.edges.signature_check import check_signature
 from masd.service.peer_directory import Principal
 from masd.store import StoreError
 
@@ -84,7 +86,7 @@ async def _read_body(request: web.Request) -> bytes | None:
     return b"".join(chunks)
 
 
-async def _envelope(request: web.Request, principal: Principal) -> wire.Envelope:
+async def _envelope(request: web.Request, principal: Principal, clock: Clock) -> wire.Envelope:
     """The body, read, decoded and checked: the peer may send its type."""
     try:
         _media(request)
@@ -95,6 +97,9 @@ async def _envelope(request: web.Request, principal: Principal) -> wire.Envelope
     if raw is None:
         log.info("message refused peer=%s status=413 too-large", principal.id)
         raise HttpRefusal("too-large", f"body: over {MAX_BODY} bytes")
+    if unsigned := check_signature(principal, request.headers, raw, clock.now()):
+        log.info("message refused peer=%s status=401 %s", principal.id, unsigned)
+        raise HttpRefusal("unauthenticated", unsigned)
     try:
         env = wire.parse_envelope(raw)
         wire.check_may_send(principal.kind, env)
@@ -109,7 +114,7 @@ async def _envelope(request: web.Request, principal: Principal) -> wire.Envelope
 
 async def messages(request: web.Request, edge: Served) -> web.StreamResponse:
     principal = request[PRINCIPAL]
-    env = await _envelope(request, principal)
+    env = await _envelope(request, principal, edge.clock)
     key, handoff_id = _envelope_refs(env)
     now = edge.clock.now()
     try:
