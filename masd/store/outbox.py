@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from masd.store.sql import Tx, db, dumps, run, tuples, value
+from masd.store.backend import Dialect
+from masd.store.sql import Tx, dialect, dumps, many, run, tuples, value
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,42 @@ def abandon_requests(
     tx: Tx, case_key: str, handoff_id: str, at: float | None = None
 ) -> list[tuple[int, str]]:
     """Withdraw the pending handoff.request of ``handoff_id``: (outbox id, message id) each."""
-    found = tuples(
-        tx,
-        "UPDATE outbox SET state = 'abandoned', done_at = ? WHERE state = 'pending' "
-        "AND kind = 'contract' AND case_key = ? "
-        "AND json_extract(payload, '$.type') = 'handoff.request' "
-        "AND json_extract(payload, '$.handoff_id') = ? RETURNING id, json_extract(payload, '$.id')",
-        (at, case_key, handoff_id),
-    )
+    found = tuples(tx, _abandon_requests(dialect(tx)), (at, case_key, handoff_id))
     return [(int(oid), str(mid)) for oid, mid in found]
+
+
+@cache
+def _abandon_requests(d: Dialect) -> str:
+    return (
+        "UPDATE outbox SET state = 'abandoned', done_at = ? WHERE state = 'pending' "  # noqa: S608 - dialect words only
+        "AND kind = 'contract' AND case_key = ? "
+        f"AND {d.json_get('payload', 'type')} = 'handoff.request' "
+        f"AND {d.json_get('payload', 'handoff_id')} = ? RETURNING id, {d.json_get('payload', 'id')}"
+    )
+
+
+@cache
+def _heads_of_queues(d: Dialect) -> str:
+    return (
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "  # noqa: S608 - dialect words only
+        f"o.deliver_until, o.next_attempt_at FROM outbox o{d.hint('INDEXED BY outbox_queue')}"
+        f"WHERE o.state = 'pending' AND o.queue IN {d.json_values()} "
+        "AND o.next_attempt_at <= ? "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')"
+    )
+
+
+@cache
+def _heads_of_peers(d: Dialect) -> str:
+    return (
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "  # noqa: S608 - dialect words only
+        f"o.deliver_until, o.next_attempt_at FROM outbox o{d.hint('NOT INDEXED')}WHERE o.id >= ? "
+        f"AND COALESCE(o.peer, '') IN {d.json_values()} "
+        f"AND o.queue NOT IN {d.json_values()} "
+        "AND o.state = 'pending' AND o.next_attempt_at <= ? "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
+        "ORDER BY o.id LIMIT ?"
+    )
 
 
 # The outbox sender finds due queue heads without reading every due row, so a
@@ -120,15 +149,7 @@ def heads_fell_due(tx: Tx, since: tuple[float, int], now: float, limit: int) -> 
 
 def heads_of_queues(tx: Tx, queues: Iterable[str], now: float) -> list[OutboxItem]:
     """The due heads of ``queues``."""
-    found = tuples(
-        tx,
-        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
-        "o.deliver_until, o.next_attempt_at FROM outbox o INDEXED BY outbox_queue "
-        "WHERE o.state = 'pending' AND o.queue IN (SELECT value FROM json_each(?)) "
-        "AND o.next_attempt_at <= ? "
-        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')",
-        (json.dumps(sorted(set(queues))), now),
-    )
+    found = tuples(tx, _heads_of_queues(dialect(tx)), (json.dumps(sorted(set(queues))), now))
     return [OutboxItem(*r) for r in found]
 
 
@@ -138,13 +159,7 @@ def heads_of_peers(
     """Up to ``limit`` due heads of ``peers`` from ``from_id`` on, by id, none of ``busy``."""
     found = tuples(
         tx,
-        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
-        "o.deliver_until, o.next_attempt_at FROM outbox o NOT INDEXED WHERE o.id >= ? "
-        "AND IFNULL(o.peer, '') IN (SELECT value FROM json_each(?)) "
-        "AND o.queue NOT IN (SELECT value FROM json_each(?)) "
-        "AND o.state = 'pending' AND o.next_attempt_at <= ? "
-        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
-        "ORDER BY o.id LIMIT ?",
+        _heads_of_peers(dialect(tx)),
         (
             from_id,
             json.dumps(sorted(set(peers))),
@@ -183,7 +198,8 @@ def done(tx: Tx, item_id: int, at: float | None = None) -> None:
 
 def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
     """Several delivered at once (``at``: when, the read side's ``done_at``)."""
-    db(tx).conn.executemany(
+    many(
+        tx,
         "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "
         "done_at = ? WHERE id = ?",
         [(at, item_id) for item_id in item_ids],

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from masd.core.errors import MasdError
 from masd.core.kinds import THREAD_KINDS
-from masd.store.sql import Tx, dumps, run, tuples
+from masd.store.sql import Tx, dialect, dumps, run, tuples
 
 
 def append_thread(
@@ -44,11 +44,12 @@ def reported_request(tx: Tx, case_key: str, handoff_id: str) -> bool:
     Read through the case's own entries (the thread's key starts with
     ``case_key``), so the cost is that of one case's thread.
     """
+    d = dialect(tx)
     found = tuples(
         tx,
-        "SELECT 1 FROM thread WHERE case_key = ? AND kind = 'contract.out' "
-        "AND json_extract(data, '$.type') = 'handoff.requested' "
-        "AND json_extract(data, '$.handoff_id') = ? LIMIT 1",
+        "SELECT 1 FROM thread WHERE case_key = ? AND kind = 'contract.out' "  # noqa: S608
+        f"AND {d.json_get('data', 'type')} = 'handoff.requested' "
+        f"AND {d.json_get('data', 'handoff_id')} = ? LIMIT 1",
         (case_key, handoff_id),
     )
     return bool(found)
