@@ -36,7 +36,7 @@ import enum
 import re
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Final, Protocol
 
@@ -142,6 +142,11 @@ def _pg_fault(exc: BaseException) -> Fault | None:
     return None
 
 
+#: Where several hosts write, the advisory lock a transaction takes before it appends to
+#: a thread, held until it ends (masd/store/pg_backend.py says why).
+FEED_LOCK: Final = 0x6D617364_66656564  # "masdfeed"
+
+
 # -- the dialect ------------------------------------------------------------------
 
 _QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
@@ -149,11 +154,12 @@ _QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 @lru_cache(maxsize=1024)
 def _to_format(sql: str) -> str:
-    """``?`` placeholders as ``%s`` (and a literal ``%`` doubled), quoted text left alone."""
+    """``?`` placeholders as ``%s`` (a ``?`` in quoted text kept), every ``%`` doubled."""
 
     def swap(m: re.Match[str]) -> str:
         found = m.group(0)
-        return {"?": "%s", "%": "%%"}.get(found, found)
+        # The driver reads every ``%`` as a placeholder's start, in a literal too.
+        return {"?": "%s", "%": "%%"}.get(found) or found.replace("%", "%%")
 
     return _QMARK.sub(swap, sql)
 
@@ -199,6 +205,22 @@ class Dialect:
             return "(SELECT value FROM json_each(?))"
         return "(SELECT jsonb_array_elements_text(?::jsonb))"
 
+    def row_order(self, key: str) -> str:
+        """What orders a table's rows by insertion: SQLite's ``rowid``; elsewhere, the
+        table's key ``key`` (a tie-break that is at least stable)."""
+        return "rowid" if self.name == "sqlite" else key
+
+    def param(self, type_: str) -> str:
+        """A ``?`` whose type the database cannot infer (compared with NULL): cast to
+        ``type_`` where the server must know it at PREPARE."""
+        return "?" if self.name == "sqlite" else f"CAST(? AS {type_})"
+
+    def nocase(self, column: str, param: str = "?") -> str:
+        """``column`` equals ``param`` regardless of ASCII case."""
+        if self.name == "sqlite":
+            return f"{column} = {param} COLLATE NOCASE"
+        return f"lower({column}) = lower({param})"
+
     def hint(self, hint: str) -> str:
         """``hint`` (``INDEXED BY x``, ``NOT INDEXED``) where the database has index hints."""
         return f" {hint} " if self.hints else " "
@@ -229,3 +251,5 @@ POSTGRESQL: Final = Dialect(
     greatest="GREATEST",
     classify=_pg_fault,
 )
+#: PostgreSQL in a read-only transaction: the same SQL, no row locks.
+POSTGRESQL_READ: Final = replace(POSTGRESQL, lock_rows=False)

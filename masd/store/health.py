@@ -98,7 +98,7 @@ class StoreHealth:
 class HealthWatch:
     """The verdicts of one store's writer; read from any thread (see the module docstring)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | str) -> None:
         self._path = path
         self._lock = threading.Lock()
         now = time.monotonic()

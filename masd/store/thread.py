@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from masd.core.errors import MasdError
 from masd.core.kinds import THREAD_KINDS
+from masd.store.backend import FEED_LOCK
 from masd.store.sql import Tx, dialect, dumps, run, tuples
 
 
@@ -29,12 +30,20 @@ def append_thread(
     if not bumped:
         raise MasdError(f"no case {case_key!r} to append a {kind} entry to", code="unknown-case")
     seq = int(bumped[0][0])
+    if dialect(tx).lock_rows:
+        # ``pos`` numbers entries in commit order: SQLite's one writer gives the
+        # rowid so; where several write, the next one waits for this one's commit
+        # before it takes a number (masd/store/pg_backend.py).
+        tuples(tx, _FEED_LOCK)
     run(
         tx,
         "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)",
         (case_key, seq, kind, float(at), dumps(dict(data))),
     )
     return seq
+
+
+_FEED_LOCK = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
 
 
 def reported_request(tx: Tx, case_key: str, handoff_id: str) -> bool:

@@ -26,6 +26,7 @@ DEBIAN_PACKAGES = {
     "postqueue": "postfix",
     "smtp-source": "postfix",
     "smtp-sink": "postfix",
+    "initdb": "postgresql",
     "wrk": "wrk",
     "dovecot": "dovecot-lmtpd",
     "systemd-analyze": "systemd",
