@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.system import require_program
+from support.pgserver import free_port, fresh_database, pg_server  # noqa: F401
 
 from masd.core.engine import CaseView
 from masd.store import StoreError, cases
@@ -43,61 +38,14 @@ _DDL = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _as_postgres(argv: list[str]) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    """A private server on a unix socket only; the URI of its database ``masd``."""
-    initdb = Path(require_program("initdb"))
-    bindir = initdb.resolve().parent
-    top = Path(tempfile.mkdtemp(prefix="masd-pg-"))
-    data, sock = top / "data", top / "sock"
-    sock.mkdir()
-    if os.geteuid() == 0:
-        shutil.chown(top, "postgres")
-        shutil.chown(sock, "postgres")
-    port = _free_port()
-    run_ = subprocess.run
-    run_(
-        _as_postgres([str(bindir / "initdb"), "-U", "masd", "-A", "trust", "-D", str(data)]),
-        check=True,
-        capture_output=True,
-    )
-    opts = f"-c listen_addresses='' -k {sock} -p {port} -c fsync=off"
-    ctl = str(bindir / "pg_ctl")
-    run_(
-        _as_postgres([ctl, "-D", str(data), "-o", opts, "-w", "start", "-l", str(top / "log")]),
-        check=True,
-        capture_output=True,
-    )
-    try:
-        uri = f"postgresql:///postgres?host={sock}&port={port}&user=masd"
-        run_(
-            [str(bindir / "psql"), uri, "-qc", "CREATE DATABASE masd"],
-            check=True,
-            capture_output=True,
-        )
-        yield f"postgresql:///masd?host={sock}&port={port}&user=masd"
-    finally:
-        run_(_as_postgres([ctl, "-D", str(data), "-m", "immediate", "stop"]), capture_output=True)
-        shutil.rmtree(top, ignore_errors=True)
-
-
 @pytest.fixture
-def hosts(server: str) -> Iterator[tuple[PgStore, PgStore]]:
-    """Two stores on one fresh schema: two masd hosts."""
+def hosts(pg_server: str) -> Iterator[tuple[PgStore, PgStore]]:  # noqa: F811
+    """Two stores on one fresh database: two masd hosts."""
+    server = fresh_database(pg_server)
     with PgStore(server) as setup:
 
         def schema(tx: Tx) -> None:
-            for statement in ("DROP SCHEMA public CASCADE", "CREATE SCHEMA public", *_DDL):
+            for statement in _DDL:
                 run(tx, statement)
 
         setup.write_sync(schema)
@@ -204,7 +152,7 @@ def test_a_jobs_own_error_is_its_callers_alone(hosts: tuple[PgStore, PgStore]) -
 
 
 def test_a_server_that_is_not_there_is_unavailable(tmp_path: Path) -> None:
-    uri = f"postgresql:///masd?host={tmp_path}&port={_free_port()}&user=masd&connect_timeout=1"
+    uri = f"postgresql:///masd?host={tmp_path}&port={free_port()}&user=masd&connect_timeout=1"
     with PgStore(uri, size=1) as store:
         with pytest.raises(StoreError, match="write failed"):
             store.write_sync(lambda tx: value(tx, "SELECT 1"))

@@ -123,6 +123,23 @@ def last_pos(tx: Tx) -> int:
     return int(value(tx, "SELECT COALESCE(MAX(pos), 0) FROM thread"))
 
 
+@cache
+def _list_cases(d: Dialect) -> str:
+    h = d.row_order("handoff_id")
+    return (
+        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "  # noqa: S608 - dialect words only
+        "t.pos, t.at, h.handoff_id, h.mode, h.status "
+        "FROM thread t CROSS JOIN cases c "
+        f"LEFT JOIN handoffs h ON h.{h} = (SELECT {h} FROM handoffs WHERE case_key = c.key "
+        f"AND closed_at IS NULL ORDER BY requested_at DESC, {h} DESC LIMIT 1) "
+        "WHERE c.key = t.case_key AND c.thread_seq = t.seq AND t.pos < ? "
+        f"AND ({d.param('BOOLEAN')} IS NULL OR ? = (h.handoff_id IS NOT NULL)) "
+        f"AND ({d.param('TEXT')} IS NULL OR {d.nocase('c.participant')}) "
+        f"AND ({d.param('TEXT')} IS NULL OR c.domain = ?) "
+        "ORDER BY t.pos DESC LIMIT ?"
+    )
+
+
 @dataclass(frozen=True)
 class ListedCase:
     """A case as the case list shows it, with its latest entry and its open handoff."""
@@ -158,20 +175,14 @@ def cases(
     """
     found = tuples(
         tx,
-        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "
-        "t.pos, t.at, h.handoff_id, h.mode, h.status "
-        "FROM thread t CROSS JOIN cases c "
-        "LEFT JOIN handoffs h ON h.rowid = (SELECT rowid FROM handoffs WHERE case_key = c.key "
-        "AND closed_at IS NULL ORDER BY requested_at DESC, rowid DESC LIMIT 1) "
-        "WHERE c.key = t.case_key AND c.thread_seq = t.seq AND t.pos < ?1 "
-        "AND (?2 IS NULL OR ?2 = (h.handoff_id IS NOT NULL)) "
-        "AND (?3 IS NULL OR c.participant = ?3 COLLATE NOCASE) "
-        "AND (?4 IS NULL OR c.domain = ?4) "
-        "ORDER BY t.pos DESC LIMIT ?5",
+        _list_cases(dialect(tx)),
         (
             2**63 - 1 if before is None else before,
             open_handoff,
+            open_handoff,
             participant,
+            participant,
+            domain,
             domain,
             limit,
         ),
