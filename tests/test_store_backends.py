@@ -119,3 +119,21 @@ def test_idempotency_and_purge(backend: Backend) -> None:
         ),
     )
     assert removed == {"deliveries": 0, "idempotency": 1, "outbox": 0}
+
+
+def test_outbox_leases(backend: Backend) -> None:
+    """One host sends a row at a time; a lease that ran out is another host's to take."""
+    _w(backend, lambda tx: cases.create(tx, _view("k1"), 10.0))
+    row = NewRow("contract", "q1", "peer", "k1", "http://x/", {"type": "t", "id": "m1"})
+    oid = _w(backend, lambda tx: outbox.queue(tx, row, 1.0, 100.0))
+    assert _w(backend, lambda tx: outbox.claim(tx, [oid], "a", 30.0)) == [oid]
+    if isinstance(backend, Store):  # one host: nobody else sends, nothing to hold
+        return
+    assert _w(backend, lambda tx: outbox.claim(tx, [oid], "b", 30.0)) == []
+    assert _r(backend, lambda tx: outbox.heads_of_queues(tx, ["q1"], 5.0)) == []
+    assert _r(backend, lambda tx: outbox.heads_after(tx, 0, 5.0, 10))[0] == []
+    _w(backend, lambda tx: outbox.retry_at(tx, oid, "busy", 2.0))  # a's outcome ends its lease
+    assert _w(backend, lambda tx: outbox.claim(tx, [oid], "b", -1.0)) == [oid]
+    # b's lease has run out (b died mid-send): a takes the row over.
+    assert [i.id for i in _r(backend, lambda tx: outbox.heads_of_queues(tx, ["q1"], 5.0))] == [oid]
+    assert _w(backend, lambda tx: outbox.claim(tx, [oid], "a", 30.0)) == [oid]

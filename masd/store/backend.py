@@ -20,6 +20,8 @@ few words that differ; everything else is common text:
   elsewhere), the current epoch time (:attr:`Dialect.now_epoch`), and
   whether write transactions lock what they read (:attr:`Dialect.lock_rows`,
   ``FOR UPDATE`` where several hosts write at once);
+- outbox leases where several hosts send (:meth:`Dialect.unclaimed`,
+  :meth:`Dialect.released`; :func:`masd.store.outbox.claim`);
 - faults (:meth:`Dialect.classify`): which driver errors mean the store is
   unavailable (down, full, read-only: callers get ``StoreError``, LMTP
   ``451 4.3.0``, HTTP ``503``), which are a conflict with another writer
@@ -175,6 +177,8 @@ class Dialect:
     now_epoch: str
     #: Write transactions lock the rows they read to change (``FOR UPDATE``).
     lock_rows: bool
+    #: Several hosts send from the outbox: rows carry leases (:meth:`unclaimed`).
+    leases: bool
     #: Index hints are kept (SQLite's planner needs them on some queries).
     hints: bool
     #: The larger of two values, as a function name (SQLite's two-argument ``MAX``).
@@ -221,6 +225,17 @@ class Dialect:
             return f"{column} = {param} COLLATE NOCASE"
         return f"lower({column}) = lower({param})"
 
+    def unclaimed(self, alias: str) -> str:
+        """`` AND`` the outbox row ``alias`` is held by no host's lease, where several
+        hosts send (:func:`masd.store.outbox.claim`); nothing where one does."""
+        if not self.leases:
+            return ""
+        return f" AND ({alias}.claimed_by IS NULL OR {alias}.claimed_until < {self.now_epoch})"
+
+    def released(self) -> str:
+        """``, `` the columns that end a row's lease, where there are leases."""
+        return ", claimed_by = NULL, claimed_until = NULL" if self.leases else ""
+
     def hint(self, hint: str) -> str:
         """``hint`` (``INDEXED BY x``, ``NOT INDEXED``) where the database has index hints."""
         return f" {hint} " if self.hints else " "
@@ -237,6 +252,7 @@ SQLITE: Final = Dialect(
     placeholder=None,
     now_epoch="(julianday('now') - 2440587.5) * 86400.0",
     lock_rows=False,
+    leases=False,
     hints=True,
     greatest="MAX",
     classify=_sqlite_fault,
@@ -247,6 +263,7 @@ POSTGRESQL: Final = Dialect(
     placeholder=_to_format,
     now_epoch="extract(epoch FROM clock_timestamp())::double precision",
     lock_rows=True,
+    leases=True,
     hints=False,
     greatest="GREATEST",
     classify=_pg_fault,

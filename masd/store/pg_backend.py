@@ -59,7 +59,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -83,6 +85,8 @@ T = TypeVar("T")
 CONFLICT_RETRIES: Final = 8
 #: Connections per host; each runs one job or one read at a time.
 POOL_SIZE: Final = 8
+#: An outbox row a host took is another's to take after this long (``server.claim_timeout``).
+CLAIM_TIMEOUT: Final = 30.0
 #: Seconds a caller waits for a pooled connection before the store counts as unavailable.
 CONNECT_TIMEOUT: Final = 5.0
 
@@ -127,8 +131,21 @@ class PgTx:
 class PgStore:
     """masd's store on PostgreSQL: see the module docstring."""
 
-    def __init__(self, uri: str, *, password: str | None = None, size: int = POOL_SIZE) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        password: str | None = None,
+        size: int = POOL_SIZE,
+        claim_timeout: float = CLAIM_TIMEOUT,
+        host: str | None = None,
+    ) -> None:
         self._label = _redact(uri)
+        #: How long an outbox row this host took stays its own (``server.claim_timeout``):
+        #: past it, another host takes the row over (masd.store.outbox.claim).
+        self.claim_seconds = claim_timeout
+        #: This host's name on the rows it holds.
+        self.host = host or f"{socket.gethostname()}:{os.getpid()}"
         kwargs: dict[str, Any] = {"autocommit": True}
         if password is not None:
             kwargs["password"] = password
