@@ -18,7 +18,19 @@ import pytest
 from support.pgserver import fresh_database, pg_server  # noqa: F401
 
 from masd.core.engine import CaseView
-from masd.store import Store, cases, feed, handoffs, idempotency, outbox, purge, queue, reads
+from masd.store import (
+    Store,
+    StoreError,
+    cases,
+    feed,
+    handoffs,
+    idempotency,
+    open_store,
+    outbox,
+    purge,
+    queue,
+    reads,
+)
 from masd.store.handoffs import NewHandoff
 from masd.store.outbox import NewRow
 from masd.store.pg_backend import PgStore
@@ -35,14 +47,14 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
             yield store
         return
     try:
-        admin: Any = importlib.import_module("masd.store.pg_admin")
+        importlib.import_module("masd.store.pg_admin")
     except ImportError:
         if os.environ.get("MASD_REQUIRE_SYSTEM_TESTS"):
             raise
         pytest.skip("the PostgreSQL schema (masd.store.pg_schema, pg_admin) is not in this tree")
     uri = fresh_database(request.getfixturevalue("pg_server"))
-    admin.migrate(uri)
-    with PgStore(uri) as store:
+    with open_store(uri) as store:  # migrates it
+        assert isinstance(store, PgStore)
         yield store
 
 
@@ -137,3 +149,10 @@ def test_outbox_leases(backend: Backend) -> None:
     # b's lease has run out (b died mid-send): a takes the row over.
     assert [i.id for i in _r(backend, lambda tx: outbox.heads_of_queues(tx, ["q1"], 5.0))] == [oid]
     assert _w(backend, lambda tx: outbox.claim(tx, [oid], "a", 30.0)) == [oid]
+
+
+def test_open_store_picks_the_backend(tmp_path: Path) -> None:
+    with open_store(tmp_path / "masd.db") as store:
+        assert isinstance(store, Store)
+    with pytest.raises(StoreError, match="neither a path nor a URI"):
+        open_store(42)

@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from masd.store.checkpointer import CHECKPOINT_SECONDS, Checkpointer, open_writer
 from masd.store.files import StoreError, apply_pending, backup, check_version, migrate
@@ -93,12 +93,39 @@ __all__ = [
     "StoreStats",
     "backup",
     "migrate",
+    "open_store",
 ]
+
+if TYPE_CHECKING:
+    from masd.store.pg_backend import PgStore
 
 T = TypeVar("T")
 
 #: A WAL past this size is restarted (and truncated back to it), not only copied.
 WAL_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+def open_store(
+    database: object, *, migrate: bool = True, claim_timeout: float = 30.0
+) -> Store | PgStore:
+    """``server.database`` opened: a path is an SQLite file (:class:`Store`); a
+    ``postgresql://`` URI, or a value with ``uri`` and ``password`` (the configuration's),
+    a database several hosts share (:class:`masd.store.pg_backend.PgStore`, whose
+    driver is imported only then)."""
+    uri = getattr(database, "uri", None)
+    if uri is None and isinstance(database, str) and database.startswith(_PG_SCHEMES):
+        uri = database
+    if uri is None:
+        if not isinstance(database, str | Path):
+            raise StoreError(f"cannot open store {database!r}: neither a path nor a URI")
+        return Store.open(database, migrate=migrate)
+    from masd.store.pg_backend import PgStore
+
+    password = getattr(database, "password", None)
+    return PgStore.open(str(uri), password=password, migrate=migrate, claim_timeout=claim_timeout)
+
+
+_PG_SCHEMES = ("postgresql://", "postgres://")
 
 
 class Store:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import random
 import socket
@@ -166,6 +167,37 @@ class PgStore:
         self._stats = StoreStats()
         self._lock = threading.Lock()
         self.conflicts = 0  # runs rolled back by a race with another writer
+
+    @classmethod
+    def open(
+        cls,
+        uri: str,
+        *,
+        password: str | None = None,
+        migrate: bool = True,
+        claim_timeout: float = CLAIM_TIMEOUT,
+    ) -> PgStore:
+        """Migrate (or, with ``migrate=False``, check) the database's schema, then open.
+
+        The schema is :mod:`masd.store.pg_schema`'s, applied by :mod:`masd.store.pg_admin`.
+        """
+        try:
+            admin: Any = importlib.import_module("masd.store.pg_admin")
+        except ImportError as exc:
+            raise StoreError(
+                f"cannot open store {_redact(uri)}: no PostgreSQL schema: {exc}"
+            ) from exc
+        if migrate:
+            admin.migrate(uri, password)
+        else:
+            with admin.connect(uri, password) as conn:
+                current, latest = admin.version(uri, conn), admin.MIGRATIONS[-1].version
+            if current < latest:
+                raise StoreError(
+                    f"store {_redact(uri)} is at schema version {current}, this masd needs "
+                    f"{latest}: run masd db migrate"
+                )
+        return cls(uri, password=password, claim_timeout=claim_timeout)
 
     @property
     def path(self) -> str:

@@ -26,7 +26,6 @@ DEBIAN_PACKAGES = {
     "postqueue": "postfix",
     "smtp-source": "postfix",
     "smtp-sink": "postfix",
-    "initdb": "postgresql",
     "wrk": "wrk",
     "dovecot": "dovecot-lmtpd",
     "systemd-analyze": "systemd",
@@ -41,6 +40,9 @@ DEBIAN_PACKAGES = {
     "dnsmasq": "dnsmasq-base",
     "openssl": "openssl",
     "unshare": "util-linux",
+    # Not on PATH: support/postgres.py finds them under /usr/lib/postgresql/<major>/bin.
+    "initdb": "postgresql",
+    "pg_ctl": "postgresql",
 }
 
 
