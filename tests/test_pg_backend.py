@@ -184,3 +184,57 @@ def test_placeholders_are_translated_outside_literals() -> None:
     sql = "SELECT '?', ? FROM t WHERE a LIKE 'x%' AND b = ?"
     assert POSTGRESQL.translate(sql) == "SELECT '?', %s FROM t WHERE a LIKE 'x%%' AND b = %s"
     assert SQLITE.translate(sql) is sql
+
+
+def _terminate_others(store: PgStore) -> None:
+    """Every other session on the database ended by the server (``57P01``)."""
+    store.write_sync(
+        lambda tx: tuples(
+            tx,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+    )
+
+
+def test_a_session_the_server_ends_is_unavailable_then_recovers(
+    hosts: tuple[PgStore, PgStore],
+) -> None:
+    """A connection ended mid-job (``57P01``, as at a server's shutdown or fail-over) is the
+    store's fault; an idle one ended meanwhile the pool replaces before use."""
+    a, b = hosts
+
+    def ended(tx: Tx) -> None:
+        run(tx, "UPDATE tally SET n = n + 1")
+        tuples(tx, "SELECT pg_terminate_backend(pg_backend_pid())")
+
+    with pytest.raises(StoreError, match="write failed"):
+        a.write_sync(ended)
+    assert not a.health.writable
+    _terminate_others(b)
+    a.write_sync(lambda tx: run(tx, "UPDATE tally SET n = n + 10"))
+    assert a.health.writable
+    assert a.read_sync(lambda tx: value(tx, "SELECT n FROM tally")) == 10
+
+
+def test_a_read_only_database_is_unavailable_not_the_jobs_fault(
+    hosts: tuple[PgStore, PgStore],
+) -> None:
+    a, b = hosts
+    name = b.read_sync(lambda tx: value(tx, "SELECT current_database()"))
+    b.write_sync(
+        lambda tx: run(tx, f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    )
+    _terminate_others(b)
+    with pytest.raises(StoreError, match="25006"):
+        a.write_sync(lambda tx: run(tx, "UPDATE tally SET n = n + 1"))
+    assert not a.health.writable
+
+    def writable_again(tx: Tx) -> None:
+        run(tx, "SET TRANSACTION READ WRITE")
+        run(tx, f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+
+    b.write_sync(writable_again)
+    _terminate_others(b)
+    a.write_sync(lambda tx: run(tx, "UPDATE tally SET n = n + 1"))
+    assert a.health.writable

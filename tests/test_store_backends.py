@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from masd.store import (
     queue,
     reads,
 )
-from masd.store.handoffs import NewHandoff
+from masd.store.handoffs import NewHandoff, NewStatus
 from masd.store.outbox import NewRow
 from masd.store.pg_backend import PgStore
 from masd.store.sql import Tx
@@ -156,3 +157,25 @@ def test_open_store_picks_the_backend(tmp_path: Path) -> None:
         assert isinstance(store, Store)
     with pytest.raises(StoreError, match="neither a path nor a URI"):
         open_store(42)
+
+
+def test_a_deadline_fires_once_whichever_host_fires_it(backend: Backend) -> None:
+    """Two hosts (here: eight threads on each backend's store) fire one due handoff at
+    once: the one job that finds it open closes it, every other finds it closed."""
+    _w(backend, lambda tx: cases.create(tx, _view("k1"), 10.0))
+    h = NewHandoff("h1", "k1", "support", "peer", 50.0, False, None, {})
+    _w(backend, lambda tx: handoffs.open_handoff(tx, h, 20.0))
+    expired = NewStatus("h1", "expired", None, "email", {}, True)
+
+    def fire(tx: Tx) -> bool:  # the shape of masd.service.deadlines.fire_deadline
+        found = handoffs.load(tx, "h1")
+        if found is None or found.status == "expired":
+            return False
+        cases.load(tx, found.case_key)
+        handoffs.record_status(tx, expired, 60.0)
+        return True
+
+    with ThreadPoolExecutor(8) as pool:
+        fired = list(pool.map(lambda _: _w(backend, fire), range(8)))
+    assert fired.count(True) == 1
+    assert _r(backend, lambda tx: handoffs.due(tx, 100.0)) == []
