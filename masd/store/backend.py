@@ -166,9 +166,13 @@ def _to_format(sql: str) -> str:
     return _QMARK.sub(swap, sql)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Dialect:
-    """The few ways one database's SQL differs (see the module docstring)."""
+    """The few ways one database's SQL differs (see the module docstring).
+
+    Compared and hashed by identity: each is a module constant, and the store's
+    functions key their per-dialect statements on it at every call.
+    """
 
     name: str
     #: ``?`` as the driver takes it (``None``: as written).
