@@ -151,6 +151,14 @@ def test_a_jobs_own_error_is_its_callers_alone(hosts: tuple[PgStore, PgStore]) -
     assert a.read_sync(lambda tx: value(tx, "SELECT n FROM tally WHERE n >= ?", (0,))) == 0
 
 
+def test_a_job_returning_a_cursor_is_refused(hosts: tuple[PgStore, PgStore]) -> None:
+    a, _ = hosts
+    with pytest.raises(StoreError, match="lazy"):
+        a.write_sync(lambda tx: tx.execute("SELECT 1"))  # type: ignore[attr-defined]
+    with pytest.raises(StoreError, match="lazy"):
+        a.read_sync(lambda tx: tx.execute("SELECT 1"))  # type: ignore[attr-defined]
+
+
 def test_a_server_that_is_not_there_is_unavailable(tmp_path: Path) -> None:
     uri = f"postgresql:///masd?host={tmp_path}&port={free_port()}&user=masd&connect_timeout=1"
     with PgStore(uri, size=1) as store:

@@ -65,6 +65,7 @@ import random
 import socket
 import threading
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -231,7 +232,12 @@ class PgStore:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             else:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-            return fn(PgTx(conn, read=read))
+            value = fn(PgTx(conn, read=read))
+            if isinstance(value, types.GeneratorType | psycopg.Cursor):
+                raise StoreError(
+                    f"store job returned a lazy {type(value).__name__}; return a list instead"
+                )
+            return value
 
     def _run(self, fn: Callable[[Tx], T], *, read: bool = False) -> T:
         """Run ``fn`` in a transaction of its own; again after a conflict (module docstring)."""
