@@ -14,17 +14,17 @@ passes to the functions of one module per aggregate:
 - :mod:`~masd.store.purge`, :mod:`~masd.store.gauges`, :mod:`~masd.store.reads`:
   housekeeping, ``/metrics`` and the read side.
 
-Timestamps in every table are REAL epoch seconds (UTC); JSON columns are TEXT.
-See :mod:`masd.store.schema` for the tables, :mod:`masd.store.db` for the
-write/read model, :mod:`masd.store.health` for what happens when the store
-cannot commit, and :mod:`masd.store.files` for opening, migrating and backing
-up the file.
-
 The store's functions are written once against :mod:`masd.store.backend` (a
 connection protocol, each database's few differences, which driver errors are
 the store's); :mod:`masd.store.pg_backend` runs them on PostgreSQL, for a store
 several hosts share (:func:`open_store` picks the backend from
 ``server.database``; the driver is imported only for PostgreSQL).
+
+Timestamps in every table are REAL epoch seconds (UTC); JSON columns are TEXT.
+See :mod:`masd.store.schema` for the tables, :mod:`masd.store.db` for the
+write/read model, :mod:`masd.store.health` for what happens when the store
+cannot commit, and :mod:`masd.store.files` for opening, migrating and backing
+up the file.
 """
 
 from masd.core.kinds import THREAD_KINDS
