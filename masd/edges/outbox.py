@@ -198,9 +198,27 @@ class Outbox:
         url = item.url or (peer.url if peer is not None else "")
         return origin(url) or f"peer:{item.peer}"
 
+    async def _claimed(self, item: OutboxItem) -> bool:
+        """Whether this host sends ``item`` now: always where it is the store's one
+        writer; where several hosts share the store, once it holds the row's lease."""
+        lease: float | None = getattr(self._store, "claim_seconds", None)
+        if lease is None:
+            return True
+        host: str = getattr(self._store, "host", "")
+        try:
+            taken = await self._store.write(
+                lambda db: service.outbox_claim(db, [item.id], host, lease)
+            )
+        except Exception as exc:  # noqa: BLE001 - the store failing must not end the loop
+            log.warning("outbox claim failed id=%s error=%s", item.id, exc)
+            return False
+        return item.id in taken
+
     async def _attempt(self, item: OutboxItem, lane: str, probe: bool) -> None:
         judged = False
         try:
+            if not await self._claimed(item):
+                return  # another host holds it; looked at again when its lease ends
             outcome = await self._send(item)
             # The peer is done with it: its lane slot is free while the queue
             # stays taken until the outcome is recorded.

@@ -41,6 +41,9 @@ DEBIAN_PACKAGES = {
     "openssl": "openssl",
     "unshare": "util-linux",
     "promtool": "prometheus",
+    # Not on PATH: support/postgres.py finds them under /usr/lib/postgresql/<major>/bin.
+    "initdb": "postgresql",
+    "pg_ctl": "postgresql",
 }
 
 
