@@ -12,6 +12,7 @@ from masd.cli_common import CONFIG as _CONFIG
 from masd.cli_common import load as _load
 from masd.cli_watch import case, explain, queue, tail
 from masd.config import format_summary
+from masd.config.model import sqlite_path
 from masd.core.errors import MasdError
 
 
@@ -147,12 +148,12 @@ def db() -> None:
 @_CONFIG
 def db_migrate(config_file: Path) -> None:
     """Apply pending migrations to the store named in the config."""
-    from masd.store import StoreError, migrate
+    from masd.store import migrate
 
     config = _load(config_file)
     try:
-        applied = migrate(config.server.database)
-    except StoreError as exc:
+        applied = migrate(sqlite_path(config.server.database, "masd db migrate"))
+    except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
     click.echo(f"applied: {', '.join(applied)}" if applied else "up to date")
@@ -163,12 +164,12 @@ def db_migrate(config_file: Path) -> None:
 @click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
 def db_backup(config_file: Path, dest: Path) -> None:
     """Copy the store to DEST online (SQLite backup API), while masd runs."""
-    from masd.store import StoreError, backup
+    from masd.store import backup
 
     config = _load(config_file)
     try:
-        backup(config.server.database, dest)
-    except StoreError as exc:
+        backup(sqlite_path(config.server.database, "masd db backup"), dest)
+    except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
     click.echo(f"backed up {config.server.database} to {dest}")
