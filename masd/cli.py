@@ -10,9 +10,9 @@ import click
 from masd import __version__
 from masd.cli_common import CONFIG as _CONFIG
 from masd.cli_common import load as _load
+from masd.cli_db import backup_database, db_copy, migrate_database
 from masd.cli_watch import case, explain, queue, tail
 from masd.config import format_summary
-from masd.config.model import sqlite_path
 from masd.core.errors import MasdError
 
 
@@ -141,18 +141,19 @@ def demo() -> None:
 
 @main.group()
 def db() -> None:
-    """The store: migrations and backups."""
+    """The store: migrations, backups, copies between SQLite and PostgreSQL."""
+
+
+db.add_command(db_copy)
 
 
 @db.command("migrate")
 @_CONFIG
 def db_migrate(config_file: Path) -> None:
-    """Apply pending migrations to the store named in the config."""
-    from masd.store import migrate
-
+    """Apply pending migrations to the store named in the config (SQLite or PostgreSQL)."""
     config = _load(config_file)
     try:
-        applied = migrate(sqlite_path(config.server.database, "masd db migrate"))
+        applied = migrate_database(config.server.database)
     except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
@@ -163,12 +164,13 @@ def db_migrate(config_file: Path) -> None:
 @_CONFIG
 @click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
 def db_backup(config_file: Path, dest: Path) -> None:
-    """Copy the store to DEST online (SQLite backup API), while masd runs."""
-    from masd.store import backup
+    """Copy the store to DEST online (SQLite backup API), while masd runs.
 
+    A PostgreSQL store is refused: back it up with pg_dump.
+    """
     config = _load(config_file)
     try:
-        backup(sqlite_path(config.server.database, "masd db backup"), dest)
+        backup_database(config.server.database, dest)
     except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None

@@ -112,3 +112,23 @@ def test_only_one_final_newline_is_not_the_password() -> None:
     for bad, why in ((b"a\nb\n", "more than one line"), (b"\n", "empty"), (b"\xff", "UTF-8")):
         with pytest.raises(ValueError, match=why):
             read_password(bad)
+
+
+def test_commands_that_need_an_sqlite_file_refuse_a_postgresql_store(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from masd.cli import main
+
+    config = tmp_path / "masd.toml"
+    config.write_text(
+        f'[server]\ndatabase = "{URI}"\nhttp = "127.0.0.1:0"\nlmtp = "unix:lmtp.sock"\n'
+        'trusted_authserv_ids = ["mx.help.example"]\n\n'
+        '[domains."help.example".types.ticket]\nrole = "master"\n'
+    )
+    runner = CliRunner()
+    served = runner.invoke(main, ["serve", "--config", str(config)])
+    assert served.exit_code == 1
+    assert f"masd serve needs an SQLite store; server.database is {URI}" in served.output
+    listed = runner.invoke(main, ["case", "list", "--config", str(config)])
+    assert listed.exit_code == 1
+    assert f"reading cases needs an SQLite store; server.database is {URI}" in listed.output

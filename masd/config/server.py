@@ -123,7 +123,7 @@ def _database(check: Checker, table: Mapping[str, Any]) -> Database:
     return PostgresDatabase(text, password)
 
 
-def uri_problem(text: str) -> str | None:
+def uri_problem(text: str, *, hint: str = "server.database_password_file") -> str | None:
     """Why ``text`` is not a store URI masd takes (never repeating a password), or None."""
     scheme = text.split("://", 1)[0]
     if scheme.lower() not in POSTGRES_SCHEMES:
@@ -138,8 +138,8 @@ def uri_problem(text: str) -> str | None:
         return "is not a postgresql:// URI"
     if has_password or "password" in parse_qs(parts.query):
         return (
-            "holds a password, which is refused in the URI: put it in "
-            "server.database_password_file (mode 0600), or use libpq's .pgpass"
+            f"holds a password, which is refused in the URI: put it in {hint} (mode 0600), "
+            "or use libpq's .pgpass"
         )
     return None
 
