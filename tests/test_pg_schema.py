@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -182,3 +183,36 @@ def test_the_checks_refuse_what_sqlites_refuse(built: str, postgres: Database) -
             with pytest.raises((psycopg.errors.DataError, psycopg.errors.IntegrityError)):
                 conn.execute(statement.encode())
         assert conn.execute("SELECT count(*) FROM cases").fetchone() == (0,)
+
+
+#: masd.store.cases.next_number's statement, in PostgreSQL's placeholders.
+NEXT_NUMBER = (
+    "INSERT INTO id_counters (domain, type, next_n) VALUES (%s, %s, 2) "
+    "ON CONFLICT (domain, type) DO UPDATE SET next_n = id_counters.next_n + 1 "
+    "RETURNING next_n - 1"
+)
+
+
+def test_two_hosts_taking_case_numbers_at_once_never_collide(postgres: Database) -> None:  # noqa: F811
+    pg_migrate(postgres.uri, postgres.password)
+    with (
+        connect(postgres.uri, postgres.password) as first,
+        connect(postgres.uri, postgres.password) as second,
+    ):
+        assert first.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone() == (1,)
+        taken: list[object] = []
+        waiting = threading.Thread(
+            target=lambda: taken.append(
+                second.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone()
+            )
+        )
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive()  # the counter row is the first host's until it commits
+        first.commit()
+        waiting.join(10)
+        assert taken == [(2,)]
+        second.rollback()  # a case rolled back gives its number back, as on SQLite
+        assert first.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone() == (2,)
+        assert first.execute(NEXT_NUMBER, ("help.example", "chat")).fetchone() == (1,)
+        first.commit()

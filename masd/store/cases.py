@@ -84,7 +84,7 @@ def next_number(tx: Tx, domain: str, type_: str) -> int:
     got = tuples(
         tx,
         "INSERT INTO id_counters (domain, type, next_n) VALUES (?, ?, 2) "
-        "ON CONFLICT (domain, type) DO UPDATE SET next_n = next_n + 1 "
+        "ON CONFLICT (domain, type) DO UPDATE SET next_n = id_counters.next_n + 1 "
         "RETURNING next_n - 1",
         (domain, type_),
     )
