@@ -55,6 +55,8 @@ COUNTERS: Final = {
     "send_log": ("id", ("send_log",)),
 }
 BATCH: Final = 500
+#: Fewer rows at a time where a row may be a whole mail (up to max_message_bytes).
+BATCH_OF: Final = {"messages": 4}
 
 Row = tuple[Any, ...]
 
@@ -166,7 +168,7 @@ class _Sqlite:
     def rows(self, table: str, columns: Sequence[str]) -> Iterator[list[Row]]:
         listed = ", ".join(map(_ident, columns))
         cursor = self.conn.execute(f"SELECT {listed} FROM {_ident(table)} ORDER BY rowid")  # noqa: S608
-        while batch := cursor.fetchmany(BATCH):
+        while batch := cursor.fetchmany(BATCH_OF.get(table, BATCH)):
             yield [tuple(r) for r in batch]
 
     def high_water(self, table: str, column: str) -> int:
@@ -254,7 +256,7 @@ class _Postgres:
         )
         with self.conn.cursor(name=f"masd_copy_{table}") as cursor:
             cursor.execute(query)
-            while batch := cursor.fetchmany(BATCH):
+            while batch := cursor.fetchmany(BATCH_OF.get(table, BATCH)):
                 yield batch
 
     def high_water(self, table: str, column: str) -> int:
