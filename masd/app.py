@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from masd.clock import Clock
 from masd.config import Config, ConfigErrors, load_config
+from masd.config.model import sqlite_path
 from masd.config.reload import restart_needed
 from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
@@ -143,7 +144,8 @@ class App:
                 f"a socket named {unserved[0]!r} was passed, but masd runs no such listener",
                 path="LISTEN_FDNAMES",
             )
-        self.store = await asyncio.to_thread(Store.open, self.config.server.database)
+        database = sqlite_path(self.config.server.database, "masd serve")
+        self.store = await asyncio.to_thread(Store.open, database)
         ctx = EdgeContext(self.rt, self.store, self.clock, self.metrics, self.wakeup)
         self.outbox = Outbox(ctx)
         self.timer = DeadlineTimer(ctx)

@@ -440,6 +440,23 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         'server.public_url: "http://h/?a=1" must not have a query',
     ),
     (("server", "database"), "", 'server.database: "" is not a file name'),
+    (
+        ("server", "database"),
+        "postgresql://masd:hunter2@db.internal/masd",
+        "server.database: holds a password, which is refused in the URI: put it in "
+        "server.database_password_file (mode 0600), or use libpq's .pgpass",
+    ),
+    (
+        ("server", "database"),
+        "mysql://masd@db.internal/masd",
+        'server.database: "mysql://..." is not a store: give an SQLite file path or a '
+        "postgresql:// URI",
+    ),
+    (
+        ("server", "claim_timeout"),
+        "soon",
+        'server.claim_timeout: "soon" is not a duration (30s, 15m, 2h, 3d)',
+    ),
     (("server", "smtp_relay"), "unix:/run/x", 'server.smtp_relay: "unix:/run/x" is not host:port'),
     (
         ("server", "smtp_relay"),

@@ -28,7 +28,7 @@ SQL = re.compile(
     r"SELECT .* FROM|INSERT (OR [A-Z]+ )?INTO|UPDATE [a-z_]+ SET|DELETE FROM|CREATE TABLE"
 )
 #: Database modules only the store may import.
-DATABASE_MODULES = frozenset({"sqlite_utils", "sqlite3"})
+DATABASE_MODULES = frozenset({"sqlite_utils", "sqlite3", "psycopg", "psycopg_pool"})
 
 
 def modules() -> Iterator[Path]:

@@ -82,7 +82,7 @@ def test_case_ids_from_two_hosts_never_collide(hosts: tuple[PgStore, PgStore]) -
     assert sorted(numbers) == list(range(1, 101))  # type: ignore[type-var]
 
 
-# The feed's cursor condition (masd.store.feed.events), on the thread alone.
+# The feed's cursor condition (masd.store.entries.events), on the thread alone.
 _AFTER = "SELECT pos FROM thread WHERE pos > ? ORDER BY pos LIMIT 1000"
 
 

@@ -23,13 +23,13 @@ from masd.store import (
     Store,
     StoreError,
     cases,
-    feed,
+    entries,
     handoffs,
     idempotency,
     open_store,
     outbox,
     purge,
-    queue,
+    queue_rows,
     reads,
 )
 from masd.store.handoffs import NewHandoff, NewStatus
@@ -81,12 +81,12 @@ def test_cases_ids_and_threads(backend: Backend) -> None:
     seqs = [_w(backend, lambda tx: append_thread(tx, "k1", "mail.in", {"n": 1}, at=11.0))]
     seqs.append(_w(backend, lambda tx: append_thread(tx, "k1", "mail.in", {"n": 2}, at=12.0)))
     assert seqs == [1, 2]
-    events = _r(backend, lambda tx: feed.events(tx, 0, 10))
+    events = _r(backend, lambda tx: entries.events(tx, 0, 10))
     assert [(e.seq, json.loads(e.data)["n"]) for e in events] == [(1, 1), (2, 2)]
-    assert _r(backend, feed.last_pos) == events[-1].pos
-    assert [e.seq for e in _r(backend, lambda tx: feed.last_events(tx, 1, "k1"))] == [2]
+    assert _r(backend, entries.last_pos) == events[-1].pos
+    assert [e.seq for e in _r(backend, lambda tx: entries.last_events(tx, 1, "k1"))] == [2]
     listed = _r(
-        backend, lambda tx: feed.cases(tx, before=None, limit=5, participant="ann@example.org")
+        backend, lambda tx: entries.cases(tx, before=None, limit=5, participant="ann@example.org")
     )
     assert [c.key for c in listed] == ["k1"]
     assert [c["key"] for c in _r(backend, lambda tx: reads.latest_cases(tx, 5, None))] == ["k1"]
@@ -117,9 +117,9 @@ def test_outbox_heads_and_queue(backend: Backend) -> None:
     peers = _r(backend, lambda tx: outbox.heads_of_peers(tx, ["peer"], 0, 5.0, [], 10))
     assert [i.id for i in peers] == [ids[0]]
     _w(backend, lambda tx: outbox.done_many(tx, ids[:2], 6.0))
-    assert _r(backend, lambda tx: [r.id for r in queue.listed(tx, 10)]) == [ids[2]]
-    assert _w(backend, lambda tx: queue.retry_now(tx, ids[2], 7.0, 200.0))
-    assert _r(backend, lambda tx: queue.row(tx, ids[2])).type == "t"
+    assert _r(backend, lambda tx: [r.id for r in queue_rows.listed(tx, 10)]) == [ids[2]]
+    assert _w(backend, lambda tx: queue_rows.retry_now(tx, ids[2], 7.0, 200.0))
+    assert _r(backend, lambda tx: queue_rows.row(tx, ids[2])).type == "t"
 
 
 def test_idempotency_and_purge(backend: Backend) -> None:

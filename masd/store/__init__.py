@@ -27,6 +27,11 @@ See :mod:`masd.store.schema` for the tables, :mod:`masd.store.db` for the
 write/read model, :mod:`masd.store.health` for what happens when the store
 cannot commit, and :mod:`masd.store.files` for opening, migrating and backing
 up the file.
+
+PostgreSQL (a store several hosts share): :mod:`masd.store.pg_schema` holds its
+migrations, :mod:`masd.store.pg_admin` connects to and migrates a database, and
+:mod:`masd.store.copy` copies a whole store between the two kinds.  These import
+psycopg (the ``postgresql`` extra) and are not imported here.
 """
 
 from masd.core.kinds import THREAD_KINDS
