@@ -24,6 +24,7 @@ from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from masd.core.trust import strip_comments
+from masd.core.uu import UU_ENCODINGS, uudecode
 
 __all__ = [
     "MAX_CONTENT_TYPE",
@@ -56,7 +57,9 @@ MAX_CONTENT_TYPE = 255  # RFC 6838 §4.2: type and subtype of 127 each
 #: (mixed > alternative > related); the limit bounds the work on hostile mail.
 MAX_MIME_DEPTH = 16
 #: Leaf parts looked at; later ones are ignored (the raw message keeps them).
-MAX_PARTS = 1000
+#: Far above the event's list of attachments, so the parts it leaves out are
+#: counted, not lost unseen.
+MAX_PARTS = 10000
 
 
 # ---------------------------------------------------------------------------
@@ -185,9 +188,34 @@ _HEADER_NAME = re.compile(rb"([\x21-\x39\x3b-\x7e]+)[ \t]*:")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]+")
 
 
+# An encoded word as bytes, its text possibly holding raw 8-bit bytes.
+_ENCODED_WORD_BYTES = re.compile(rb"=\?([^?\s]+)\?([bBqQ])\?([^?\s]*)\?=")
+_EIGHT_BIT = re.compile(rb"[\x80-\xff]")
+
+
+def _word_bytes(m: re.Match[bytes]) -> bytes:
+    """An encoded word with its raw 8-bit bytes written as Q escapes of themselves.
+
+    Software that writes 8-bit text into a Q word means the bytes in the
+    word's charset, which is what ``=XX`` says; in a B word they are not
+    base64 and are dropped (as b64decode would)."""
+    text = m.group(3)
+    if m.group(2) in b"qQ":
+        text = _EIGHT_BIT.sub(lambda b: b"=%02X" % b.group()[0], text)
+    else:
+        text = _EIGHT_BIT.sub(b"", text)
+    return b"=?" + m.group(1) + b"?" + m.group(2) + b"?" + text + b"?="
+
+
 def _header_text(raw: bytes) -> str:
     if raw.isascii():
         return raw.decode("ascii")
+    if b"=?" in raw:
+        # Encoded words are decoded from bytes: an 8-bit byte inside one
+        # belongs to the word's charset, not to the UTF-8 guess below.
+        raw = _ENCODED_WORD_BYTES.sub(_word_bytes, raw)
+        if raw.isascii():
+            return raw.decode("ascii")
     # RFC 6532 allows UTF-8 in headers; other 8-bit bytes are a guess at best.
     return _scrub(raw.decode("utf-8", "replace"))
 
@@ -393,11 +421,14 @@ class Leaf(NamedTuple):
             return b64decode(self.body)
         if self.encoding == "quoted-printable":
             return binascii.a2b_qp(self.body)
+        if self.encoding in UU_ENCODINGS:
+            return uudecode(self.body)
         return self.body
 
     @property
-    def attachment_like(self) -> bool:
-        return self.disposition == "attachment" or self.filename is not None
+    def is_attachment(self) -> bool:
+        """Marked ``Content-Disposition: attachment`` (a filename alone is not)."""
+        return self.disposition == "attachment"
 
 
 def first_of(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -415,40 +446,46 @@ def leaves(first: Mapping[str, str], body: bytes) -> Iterator[Leaf]:
     """The leaf parts of a message in document order, iteratively.
 
     RFC 2045 §5.2: a missing or unparseable Content-Type means text/plain;
-    a multipart without a boundary is treated the same way.  message/* parts
-    are leaves: an attached message is one attachment, and its own parts are
-    never mistaken for the body.  A missing close delimiter ends the last
-    part at the end of the entity (RFC 2046 §5.1.1 asks for one; mail
-    without it is common enough).
+    inside multipart/digest the default is message/rfc822 (RFC 2046
+    §5.1.5).  A multipart without a boundary parameter, or whose boundary
+    never occurs, is all preamble: it is read as text/plain, nothing of it
+    lost.  message/* parts are leaves: an attached message is one
+    attachment, and its own parts are never mistaken for the body.  A
+    missing close delimiter ends the last part at the end of the entity
+    (RFC 2046 §5.1.1 asks for one; mail without it is common enough).
     """
     # ``first`` is the entity's first_of map, built once per entity.
-    stack: list[tuple[Mapping[str, str], bytes, int]] = [(first, body, 0)]
+    stack: list[tuple[Mapping[str, str], bytes, int, str]] = [(first, body, 0, "text/plain")]
     count = 0
     while stack and count < MAX_PARTS:
-        hdrs, data, depth = stack.pop()
+        hdrs, data, depth, default = stack.pop()
         ctype_raw = hdrs.get("content-type")
-        ctype, cparams = params(ctype_raw) if ctype_raw else ("text/plain", _NO_PARAMS)
+        ctype, cparams = params(ctype_raw) if ctype_raw else (default, _NO_PARAMS)
         if "/" not in ctype or len(ctype) > MAX_CONTENT_TYPE or not ctype.isascii():
-            ctype, cparams = "text/plain", _NO_PARAMS
-        boundary = cparams.get("boundary", "")
+            ctype, cparams = default, _NO_PARAMS
         if ctype.startswith("multipart/"):
-            if not boundary:
-                ctype = "text/plain"
+            parts = split_multipart(data, cparams.get("boundary", ""))
+            if not parts:
+                ctype = "text/plain"  # all preamble
             elif depth < MAX_MIME_DEPTH:
-                parts = split_multipart(data, boundary)
+                inner = "message/rfc822" if ctype == "multipart/digest" else "text/plain"
                 for part in reversed(parts):
                     part_headers, part_body = split_entity(part)
-                    stack.append((first_of(part_headers), part_body, depth + 1))
+                    stack.append((first_of(part_headers), part_body, depth + 1, inner))
                 continue
-        disp_raw = hdrs.get("content-disposition")
-        disposition, dparams = params(disp_raw) if disp_raw else ("", _NO_PARAMS)
-        filename = dparams.get("filename") or cparams.get("name")
-        if filename is not None:
-            filename = cap(one_line(decode_words(filename)), MAX_FILENAME) or None
-        cte = hdrs.get("content-transfer-encoding")
-        encoding = strip_comments(cte).strip().lower() if cte else ""
         count += 1
-        yield Leaf(ctype, cparams.get("charset"), disposition, filename, encoding, data)
+        yield _leaf(hdrs, ctype, cparams, data)
+
+
+def _leaf(hdrs: Mapping[str, str], ctype: str, cparams: Mapping[str, str], data: bytes) -> Leaf:
+    disp_raw = hdrs.get("content-disposition")
+    disposition, dparams = params(disp_raw) if disp_raw else ("", _NO_PARAMS)
+    filename = dparams.get("filename") or cparams.get("name")
+    if filename is not None:
+        filename = cap(one_line(decode_words(filename)), MAX_FILENAME) or None
+    cte = hdrs.get("content-transfer-encoding")
+    encoding = strip_comments(cte).strip().lower() if cte else ""
+    return Leaf(ctype, cparams.get("charset"), disposition, filename, encoding, data)
 
 
 # What follows "--" boundary on a delimiter line: "--" if it closes, then
@@ -482,7 +519,10 @@ def _delimiters(data: bytes, boundary: str) -> Iterator[tuple[int, int, bool]]:
 
 
 def split_multipart(data: bytes, boundary: str) -> list[bytes]:
+    """The parts between the delimiter lines; none when the boundary never occurs."""
     parts: list[bytes] = []
+    if not boundary:
+        return parts
     start: int | None = None
     for found, found_end, closes in _delimiters(data, boundary):
         if start is not None:
