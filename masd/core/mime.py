@@ -449,10 +449,11 @@ def leaves(first: Mapping[str, str], body: bytes) -> Iterator[Leaf]:
     inside multipart/digest the default is message/rfc822 (RFC 2046
     §5.1.5).  A multipart without a boundary parameter, or whose boundary
     never occurs, is all preamble: it is read as text/plain, nothing of it
-    lost.  message/* parts are leaves: an attached message is one
-    attachment, and its own parts are never mistaken for the body.  A
-    missing close delimiter ends the last part at the end of the entity
-    (RFC 2046 §5.1.1 asks for one; mail without it is common enough).
+    lost (one with only whitespace in it has nothing to read).  message/*
+    parts are leaves: an attached message is one attachment, and its own
+    parts are never mistaken for the body.  A missing close delimiter ends
+    the last part at the end of the entity (RFC 2046 §5.1.1 asks for one;
+    mail without it is common enough).
     """
     # ``first`` is the entity's first_of map, built once per entity.
     stack: list[tuple[Mapping[str, str], bytes, int, str]] = [(first, body, 0, "text/plain")]
@@ -466,6 +467,8 @@ def leaves(first: Mapping[str, str], body: bytes) -> Iterator[Leaf]:
         if ctype.startswith("multipart/"):
             parts = split_multipart(data, cparams.get("boundary", ""))
             if not parts:
+                if data.isspace() or not data:
+                    continue  # nothing: an inner multipart that reused its parent's boundary
                 ctype = "text/plain"  # all preamble
             elif depth < MAX_MIME_DEPTH:
                 inner = "message/rfc822" if ctype == "multipart/digest" else "text/plain"

@@ -235,11 +235,6 @@ def _member(tokens: list[Token]) -> list[Mailbox]:
         i += 1
     if found and any(t[0] in "wq" for t in tokens[:name_end]):
         found[0] = Mailbox(_phrase([t for t in tokens[:name_end] if t[0] != "s"]), found[0][1])
-    elif len(found) == 1:
-        # RFC 822's convention, still written (``MAILER-DAEMON@host (Mail
-        # Delivery System)``): a lone addr-spec's comment is its name.
-        comment = next((t[1] for t in tokens if t[0] == "c"), "")
-        found[0] = Mailbox(" ".join(_QP.sub(r"\1", comment).split()), found[0][1])
     return found
 
 

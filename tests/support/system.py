@@ -40,6 +40,10 @@ DEBIAN_PACKAGES = {
     "dnsmasq": "dnsmasq-base",
     "openssl": "openssl",
     "unshare": "util-linux",
+    "s-nail": "s-nail",
+    "mutt": "mutt",
+    "mpack": "mpack",
+    "uuencode": "sharutils",
 }
 
 
