@@ -238,8 +238,47 @@ def _member(tokens: list[Token]) -> list[Mailbox]:
     return found
 
 
+# The plain forms most mail is written in, read in one match: ``local@domain``
+# or ``[phrase] <local@domain>``, the phrase one quoted string (no backslash)
+# or atoms separated by spaces, local part and domain ASCII dot-atoms.  On
+# them the general reading below gives the same mailbox (tests/test_rfc5322.py
+# holds the two together).
+_DOT_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+_ADDR_SPEC = rf"{_DOT_ATOM}@{_DOT_ATOM}"
+_PHRASE_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-\x80-\U0010ffff]+"
+_PLAIN = re.compile(
+    rf"[ ]*(?:(?P<bare>{_ADDR_SPEC})"
+    r'|(?:"(?P<quoted>[^"\\]*)"[ ]*'
+    rf"|(?P<atoms>{_PHRASE_ATOM}(?:[ .]+{_PHRASE_ATOM})*\.?)[ ]*)?"
+    rf"<(?P<angle>{_ADDR_SPEC})>)[ ]*"
+)
+
+
+def _plain(value: str) -> Mailbox | None:
+    m = _PLAIN.fullmatch(value)
+    if m is None:
+        return None
+    bare, quoted, atoms, angle = m.group("bare", "quoted", "atoms", "angle")
+    if bare is not None:
+        return Mailbox("", bare)
+    if quoted is not None:
+        return Mailbox(quoted.strip(), angle)
+    return Mailbox(_join_atoms(atoms) if atoms else "", angle)
+
+
+def _join_atoms(atoms: str) -> str:
+    """A phrase of atoms and "." as ``_phrase`` joins it: one space where spaces stood."""
+    return " ".join(atoms.split())
+
+
 def mailboxes(value: str) -> list[Mailbox]:
     """Every mailbox of an address-list header value (From, To, Cc, Sender...)."""
+    plain = _plain(value)
+    return [plain] if plain is not None else read_mailboxes(value)
+
+
+def read_mailboxes(value: str) -> list[Mailbox]:
+    """``mailboxes`` by the general reading alone."""
     out: list[Mailbox] = []
     for member in _members(_tokens(value)):
         out.extend(_member(member))
