@@ -71,7 +71,7 @@ def read_stdlib(raw: bytes) -> None:
             [a.addr_spec for a in header.addresses]
         str(msg.get("message-id", ""))
         str(msg.get("subject", ""))
-    except Exception:  # noqa: BLE001, S110  (the stdlib fails on some real mail; time it anyway)
+    except Exception:  # the stdlib fails on some real mail: time it anyway
         body = None
     for leaf in _leaves(msg):
         if leaf is not body:
