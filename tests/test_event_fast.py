@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from masd.core.decoding import b64decode, b64repair
 from masd.core.event import (
     ParsedMail,
     _first_of,
@@ -315,3 +316,24 @@ def test_each_trust_header_alone_is_read(header: str, dmarc: str, automated: boo
     parsed = build(f"From: a@example.org\n{header}\n\nhi\n".encode())
     assert parsed.auth.dmarc == dmarc
     assert parsed.automation.is_automated is automated
+
+
+# ---------------------------------------------------------------------------
+# base64: the in-place C decoder against the repairing path
+
+_B64_PIECES = st.sampled_from(
+    [b"QUJD", b"QQ", b"Q", b"=", b"==", b"\r\n", b" ", b"!", b"\x00", b"\xff", b"+/9z"]
+)
+
+
+@SLOW
+@given(st.lists(_B64_PIECES, max_size=20).map(b"".join))
+def test_b64decode_agrees_with_the_repairing_path(data: bytes) -> None:
+    assert b64decode(data) == b64repair(data)
+    assert b64decode(memoryview(data)) == b64repair(data)
+
+
+@SLOW
+@given(st.binary(max_size=100))
+def test_b64decode_agrees_on_any_bytes(data: bytes) -> None:
+    assert b64decode(data) == b64repair(data)

@@ -29,11 +29,12 @@ from masd.core.errors import EventError
 from masd.core.htmltext import defuse as _defuse  # noqa: F401  (tests read it here)
 from masd.core.mime import MAX_CONTENT_TYPE, MAX_FILENAME, decode_words, parse_headers
 from masd.core.mime import cap as _cap
+from masd.core.mime import entity_at as _entity_at
 from masd.core.mime import first_of as _first_of  # noqa: F401  (tests read it here)
 from masd.core.mime import one_line as _one_line
 from masd.core.mime import params as _params  # noqa: F401  (tests read it here)
 from masd.core.mime import read_params as _read_params  # noqa: F401  (tests read it here)
-from masd.core.mime import split_entity as _split_entity
+from masd.core.mime import split_entity as _split_entity  # noqa: F401  (tests read it here)
 from masd.core.mime import split_lines as _split_lines  # noqa: F401  (tests read it here)
 from masd.core.mime import split_multipart as _split_multipart  # noqa: F401  (tests read it here)
 from masd.core.mime import split_simple as _split_simple  # noqa: F401  (tests read it here)
@@ -374,7 +375,7 @@ def build_event(
     Never refuses the message for its content.  ``EventError`` (code
     ``invalid-event``) only for a bad ``received_at`` or ``message_ref``.
     """
-    headers, body = _split_entity(raw)
+    headers, body = _entity_at(raw, 0, len(raw))
     first: dict[str, str] = {}
     from_values: list[str] = []
     for name, value in headers:
@@ -393,7 +394,7 @@ def build_event(
     auto_headers = headers if not AUTOMATION_HEADERS.isdisjoint(first) else ()
     automation = read_automation(auto_headers, envelope_from)
 
-    parts = read_parts(first, body, text_limit=MAX_TEXT_BYTES, limit=MAX_ATTACHMENTS)
+    parts = read_parts(first, raw, body, text_limit=MAX_TEXT_BYTES, limit=MAX_ATTACHMENTS)
     attachments = tuple(Attachment(*listed) for listed in parts.attachments)
 
     subject = first.get("subject")

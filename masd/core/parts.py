@@ -109,9 +109,13 @@ def _is_listed(leaf: Leaf) -> bool:
     )
 
 
-def read_parts(first: Mapping[str, str], body: bytes, *, text_limit: int, limit: int) -> Parts:
-    """The text, the listed attachments and how many more were left out."""
-    found = list(leaves(first, body))
+def read_parts(
+    first: Mapping[str, str], raw: bytes, body: int, *, text_limit: int, limit: int
+) -> Parts:
+    """The text, the listed attachments and how many more were left out.
+
+    ``raw[body:]`` is the message's body, ``first`` its headers' first values."""
+    found = list(leaves(first, raw, body))
     body_leaf = _body_leaf(found)
     text = _body_text(body_leaf, text_limit) if body_leaf is not None else ""
     listed: list[Listed] = []
