@@ -174,6 +174,12 @@ def _mpack(work: Path, files: dict[str, Path]) -> list[tuple[str, bytes]]:
             argv = [program, "-s", f"File {name}", *extra, "-o", str(target), str(files[name])]
             subprocess.run(argv, cwd=work, check=True, timeout=60, capture_output=True)
             out.append((f"mpack/{i:02d}-{j}", target.read_bytes()))
+    # -m: a large file split into message/partial messages (RFC 2046 §5.2.2)
+    target = work / "split.eml"
+    argv = [program, "-s", "Split", "-m", "20000", "-o", str(target), str(files["big.bin"])]
+    subprocess.run(argv, cwd=work, check=True, timeout=60, capture_output=True)
+    for piece in sorted(work.glob("split.eml.*")):
+        out.append((f"mpack/split{piece.suffix}", piece.read_bytes()))
     return out
 
 
