@@ -8,7 +8,8 @@
   ``get_body(("plain", "html"))``.
 * Every other leaf that is marked attachment, has a filename or is not
   text/* is an attachment.  A message/rfc822 part is one attachment, named by
-  its filename parameter else by its subject plus ``.eml``; a TNEF part is
+  its filename parameter else by its subject plus ``.eml`` (``message.eml``
+  without one); a TNEF part is
   listed as itself, then each file inside it.
 * The list holds at most ``limit`` entries; the rest are counted, not hashed.
 """
@@ -27,11 +28,11 @@ from masd.core.mime import (
     cap_utf8,
     decode,
     decode_words,
+    entity_at,
     first_of,
     leaves,
     lf,
     one_line,
-    split_entity,
 )
 from masd.core.tnef import is_tnef, tnef_files
 
@@ -85,7 +86,7 @@ def _message_name(leaf: Leaf, data: bytes) -> str | None:
     """A forwarded message's name: its filename parameter, else its subject + ``.eml``."""
     if leaf.filename:
         return leaf.filename
-    subject = first_of(split_entity(data)[0]).get("subject", "")
+    subject = first_of(entity_at(data, 0, len(data))[0]).get("subject", "")
     name = _safe_name(one_line(decode_words(subject)))
     return cap(name, MAX_FILENAME - 4) + ".eml" if name else "message.eml"
 
