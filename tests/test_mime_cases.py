@@ -12,6 +12,10 @@ import base64
 import binascii
 import hashlib
 import struct
+import subprocess
+from pathlib import Path
+
+from support.system import require_program
 
 from masd.core.event import MAX_ATTACHMENTS, GatewayEvent, ParsedMail, build_event
 from masd.core.trust import TrustSettings
@@ -266,6 +270,21 @@ def test_tnef_lists_itself_then_the_files_inside() -> None:
         ("Quarterly report 2025.pdf", "application/octet-stream", sha(b"%PDF-1.4 x")),
         ("a.txt", "application/octet-stream", sha(b"a")),
     ]
+
+
+def test_the_tnef_here_is_what_another_reader_reads(tmp_path: Path) -> None:
+    """The hand-built TNEF above, read by the tnef program (Debian's tnef, in C)."""
+    program = require_program("tnef")
+    files = [("REPORT~1.PDF", "Quarterly report 2025.pdf", b"%PDF-1.4 x"), ("A.TXT", "a.txt", b"a")]
+    blob = tmp_path / "winmail.dat"
+    blob.write_bytes(tnef(files))
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run([program, "-C", str(out), "-f", str(blob)], check=True, timeout=30)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {
+        "Quarterly report 2025.pdf": b"%PDF-1.4 x",
+        "a.txt": b"a",
+    }
 
 
 def test_broken_tnef_is_listed_as_itself() -> None:

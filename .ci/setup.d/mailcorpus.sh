@@ -6,5 +6,7 @@
 #   s-nail, mutt             mail clients, run in batch mode to write messages at test time
 #   mpack                    MIME attachments as mpack 1.6 writes them
 #   sharutils                uuencode, for x-uuencode parts
+#   tnef                     a second TNEF reader (in C), for tests/test_mime_cases.py's winmail.dat
 set -euo pipefail
-"$(dirname "$0")/../install-packages" libpython3.11-testsuite python3-flufl.bounce s-nail mutt mpack sharutils
+"$(dirname "$0")/../install-packages" libpython3.11-testsuite python3-flufl.bounce s-nail mutt mpack \
+    sharutils tnef

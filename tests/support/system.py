@@ -44,6 +44,7 @@ DEBIAN_PACKAGES = {
     "mutt": "mutt",
     "mpack": "mpack",
     "uuencode": "sharutils",
+    "tnef": "tnef",
 }
 
 
