@@ -94,6 +94,9 @@ def test_long_hostile_values_read_in_linear_time() -> None:
     assert mailboxes("(" * 100_000) == []
     assert len(mailboxes("a@b.example " * 20_000)) == 20_000
     assert mailboxes("<" * 50_000 + "a@b.example") == []
+    # a dot-chain or a run of words that never reaches "@" is walked once, not once per word
+    assert mailboxes("a." * 50_000) == []
+    assert mailboxes("a " * 50_000 + "b@c.example") == [Mailbox("a " * 49_999 + "a", "b@c.example")]
 
 
 IDS = [

@@ -155,8 +155,13 @@ def _dot_atom(text: str) -> bool:
     return all(_ATOM_ONLY.fullmatch(piece) for piece in text.split(".")) and bool(text)
 
 
-def _addr_spec(tokens: list[Token], i: int) -> tuple[str, int] | None:
-    """An addr-spec starting at token ``i`` (CFWS allowed around "." and "@"): (text, end)."""
+def _addr_spec(tokens: list[Token], i: int) -> tuple[str | None, int]:
+    """An addr-spec starting at token ``i`` (CFWS allowed around "." and "@").
+
+    (text, end) when there is one; else (None, stop), ``stop`` the token that
+    broke it: no addr-spec starts between ``i`` and ``stop`` either (each
+    would run into the same token), so a caller goes on from ``stop``.
+    """
     n = len(tokens)
 
     def skip(j: int) -> int:
@@ -169,7 +174,7 @@ def _addr_spec(tokens: list[Token], i: int) -> tuple[str, int] | None:
     j = i
     while True:
         if j >= n or tokens[j][0] not in "wq":
-            return None
+            return None, max(j, i + 1)
         quoted = quoted or tokens[j][0] == "q"
         words.append(tokens[j][1])
         k = skip(j + 1)
@@ -179,7 +184,7 @@ def _addr_spec(tokens: list[Token], i: int) -> tuple[str, int] | None:
         if k < n and tokens[k] == ("s", "@"):
             j = skip(k + 1)
             break
-        return None
+        return None, k
     if j < n and tokens[j][0] == "l":
         return f"{_local(words, quoted)}@{tokens[j][1]}", j + 1
     labels: list[str] = []
@@ -192,7 +197,7 @@ def _addr_spec(tokens: list[Token], i: int) -> tuple[str, int] | None:
         j += 1
         break
     if not labels:
-        return None
+        return None, j
     return f"{_local(words, quoted)}@{'.'.join(labels)}", j
 
 
@@ -204,10 +209,9 @@ def _angle(tokens: list[Token], lt: int) -> str | None:
     if colon >= 0 and all(t[0] in " cw" or t[1] in "@.," for t in inner[:colon]):
         inner = inner[colon + 1 :]
     start = next((k for k, t in enumerate(inner) if t[0] not in " c"), len(inner))
-    found = _addr_spec(inner, start)
-    if found is None:
+    text, stop = _addr_spec(inner, start)
+    if text is None:
         return None
-    text, stop = found
     if any(t[0] not in " c" for t in inner[stop:]):
         return None
     return text
@@ -224,14 +228,13 @@ def _member(tokens: list[Token]) -> list[Mailbox]:
     n = len(tokens)
     while i < n:
         if tokens[i][0] in "wq":
-            spec = _addr_spec(tokens, i)
+            spec, stop = _addr_spec(tokens, i)
             if spec is not None:
                 if not found:
                     name_end = i
-                found.append(Mailbox("", spec[0]))
-                i = spec[1]
-                continue
-            # A word of a name (or junk): skip to the next word boundary.
+                found.append(Mailbox("", spec))
+            i = stop  # words of a name (or junk) up to there
+            continue
         i += 1
     if found and any(t[0] in "wq" for t in tokens[:name_end]):
         found[0] = Mailbox(_phrase([t for t in tokens[:name_end] if t[0] != "s"]), found[0][1])
