@@ -46,6 +46,11 @@ DEBIAN_PACKAGES = {
     # Not on PATH: support/postgres.py finds them under /usr/lib/postgresql/<major>/bin.
     "initdb": "postgresql",
     "pg_ctl": "postgresql",
+    "s-nail": "s-nail",
+    "mutt": "mutt",
+    "mpack": "mpack",
+    "uuencode": "sharutils",
+    "tnef": "tnef",
 }
 
 
