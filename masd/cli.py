@@ -71,7 +71,7 @@ def serve(config_file: Path, log_level: str, test_clock: bool) -> None:
             )
             raise SystemExit(2)
         clock = TestClock()
-    configure_logging(log_level)
+    configure_logging(log_level, config.server.log_format)
     try:
         asyncio.run(App(config, clock=clock).run())
     except StoreError as exc:

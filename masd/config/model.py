@@ -137,6 +137,9 @@ class ServerConfig:
     hostname: str
     max_lmtp_sessions: int = 100
     max_http_connections: int = 1000
+    max_policy_connections: int = 100
+    max_milter_connections: int = 100
+    log_format: str = "text"  # or "json": one object a line
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
 from masd.core.trust import TrustSettings
 from masd.doctor import TrustWatch
+from masd.edges.accept import AcceptServer
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.lmtp_replies import (
@@ -364,7 +365,7 @@ async def start_lmtp(
     sock: socket.socket | None = None,
     max_sessions: int = MAX_SESSIONS,
     idle_timeout: float = IDLE_TIMEOUT,
-) -> asyncio.Server:
+) -> AcceptServer:
     """Bind and start serving; a unix socket gets mode 0660 before it accepts anyone.
 
     ``sock``, an already listening socket (socket activation), is served
