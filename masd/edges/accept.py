@@ -47,12 +47,14 @@ class Shortage:
         if self._logged_at is not None and now - self._logged_at < LOG_INTERVAL:
             return
         log.warning(
-            "%s: cannot accept connections: %s (%s); pausing accepts, "
-            "%d failed since the last such line",
+            "%s: cannot accept connections: %s (%s); pausing accepts "
+            "(%d failed since the last such line, %d since start; next line in %g s at most)",
             name,
             exc.strerror or exc,
             errno.errorcode.get(exc.errno or 0, exc.errno),
-            self.unlogged,
+            self.unlogged - 1,
+            self.failures,
+            LOG_INTERVAL,
         )
         self._logged_at, self.unlogged = now, 0
 

@@ -290,6 +290,7 @@ class HttpEdge:
             got.status,
             ",".join(s.status for s in recorded) or "-",
             got.body.get("error", "-"),
+            extra={"case": key},
         )
         return web.json_response(dict(got.body), status=got.status)
 

@@ -288,6 +288,7 @@ class LmtpHandler:
                 done.message_ref,
                 mail.event.message_id,
                 reply.outcome,
+                extra={"case": done.case_key, "message_ref": done.message_ref},
             )
             self.metrics.inc(METRIC, outcome=reply.outcome)
             if not done.duplicate:
