@@ -124,14 +124,18 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(tmp_path: Path, listen: TcpListen | UnixListen | None = None) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: Path, listen: TcpListen | UnixListen | None = None, *, cap: int = 100
+) -> AsyncIterator[Rig]:
     config = write_config(tmp_path)
     store = await asyncio.to_thread(Store.open, tmp_path / "masd.db")
     metrics = Metrics()
     rt = Runtime(config, lambda: secrets.token_hex(16))
     ctx = EdgeContext(rt, store, metrics=metrics)
     lmtp = LmtpHandler(ctx)
-    server = await start_milter(listen or TcpListen("127.0.0.1", 0), MilterServer(ctx))
+    server = await start_milter(
+        listen or TcpListen("127.0.0.1", 0), MilterServer(ctx), max_connections=cap
+    )
     try:
         yield Rig(config, store, metrics, server, lmtp)
     finally:
@@ -226,6 +230,23 @@ def test_protocol_errors_close_the_connection_not_the_listener(tmp_path: Path) -
             async with r.mta() as mta:  # still listening
                 await mta.start()
                 assert await mta.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
+
+    asyncio.run(main())
+
+
+def test_connections_over_the_cap_are_closed_unanswered(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path, cap=2) as r, r.mta() as one, r.mta() as two:
+            for mta in (one, two):
+                await mta.start()
+            async with r.mta() as third:
+                assert await third.at_eof()
+            assert r.metrics.value("masd_connections_refused_total", listener="milter") == 1
+            assert await two.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
+            await one.close()
+            await asyncio.sleep(0.05)
+            async with r.mta() as again:  # under the cap again
+                await again.start()
 
     asyncio.run(main())
 
