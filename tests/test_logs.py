@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from support.keys import pem
+from support.ticket import write_ticket_config
 
-from masd.logs import FORMAT, REDACT, JsonFormatter, LineFormatter, parser_refusal, scrub
+from masd.config.model import Dkim
+from masd.logs import (
+    FORMAT,
+    REDACT,
+    JsonFormatter,
+    LineFormatter,
+    config_secrets,
+    parser_refusal,
+    scrub,
+)
 
 
 def _record(created: float, msg: str = "outbox done outbox_id=1") -> logging.LogRecord:
@@ -136,3 +150,26 @@ def test_the_http_parsers_refusals_keep_the_reason_not_the_line() -> None:
     )
     fold = "400, message:\n  Unexpected whitespace after header value:\n\n    b' s3cret'\n   ^"
     assert parser_refusal(fold) == "400, message: Unexpected whitespace after header value"
+
+
+def test_every_configured_secret_is_kept_out(tmp_path: Path) -> None:
+    """The admin and peer tokens and each DKIM key (whole, and line by line) are
+    what :func:`masd.logs.config_secrets` names; the PEM armour lines are not."""
+    admin = tmp_path / "admin.token"
+    admin.write_text("admin-9f8e7d6c5b4a\n")
+    admin.chmod(0o600)
+    config = write_ticket_config(tmp_path, server='admin_token_file = "admin.token"')
+    key = pem(ed25519.Ed25519PrivateKey.generate())
+    domain = config.domains["help.example"]
+    dkim = (Dkim("mas", tmp_path / "k.pem", key),)
+    config = dataclasses.replace(
+        config, domains={"help.example": dataclasses.replace(domain, dkim_keys=dkim)}
+    )
+    found = config_secrets(config)
+    callback = (tmp_path / "callback.token").read_text().strip()
+    assert "admin-9f8e7d6c5b4a" in found
+    assert callback in found
+    body = key.decode().splitlines()[1]
+    assert key.decode().strip() in found
+    assert body in found
+    assert not [s for s in found if "-----" in s and "\n" not in s]

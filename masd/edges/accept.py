@@ -9,6 +9,8 @@ transport by ``loop.connect_accepted_socket``), but on a shortage of
 descriptors or memory it stops reading the socket, tries again after a pause
 that doubles up to :data:`MAX_PAUSE`, and logs one warning per
 :data:`LOG_INTERVAL` (with the count of failed accepts since the last one).
+Any other error of ``accept()`` is treated the same way: logged, paused,
+tried again, never a traceback per attempt.
 Waiting connections stay in the kernel's queue meanwhile.
 """
 
@@ -30,11 +32,10 @@ FIRST_PAUSE: Final = 0.05
 MAX_PAUSE: Final = 1.0
 #: At most one "out of descriptors" line per this many seconds (all listeners).
 LOG_INTERVAL: Final = 10.0
-_SHORTAGE: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class Shortage:
-    """Failed accepts for want of resources, logged once per :data:`LOG_INTERVAL`."""
+    """Failed accepts (out of descriptors, mostly), logged once per :data:`LOG_INTERVAL`."""
 
     def __init__(self) -> None:
         self.failures = 0  # every failed accept, since start
@@ -122,9 +123,7 @@ class AcceptServer(asyncio.AbstractServer):
                 return
             except ConnectionAbortedError:
                 continue  # gone before it was accepted
-            except OSError as exc:
-                if exc.errno not in _SHORTAGE:
-                    raise  # the loop logs it; the socket stays served
+            except OSError as exc:  # out of descriptors, or another refusal: never a spin
                 self._back_off(sock, exc)
                 return
             self._pause[sock.fileno()] = FIRST_PAUSE
