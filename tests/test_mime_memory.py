@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from support.masd_process import DOMAIN, MasdProcess, write_secret
 
-from masd.testing import lmtpclient
 from masd.core.event import build_event
 from masd.core.trust import TrustSettings
+from masd.testing import lmtpclient
 from masd.testing.config import server_table, write_config
 from masd.testing.inbound import mx_trace
 from masd.testing.net import free_ports

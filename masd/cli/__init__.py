@@ -75,7 +75,7 @@ def serve(config_file: Path, log_level: str, test_clock: bool, pid_file: Path | 
             )
             raise SystemExit(2)
         clock = TestClock()
-    configure_logging(log_level)
+    configure_logging(log_level, config.server.log_format)
     try:
         asyncio.run(App(config, clock=clock, pid_file=pid_file).run())
     except StoreError as exc:

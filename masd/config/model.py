@@ -183,6 +183,9 @@ class ServerConfig:
     domains_dir: Path | None = None
     domains_dir_set: bool = False
     claim_timeout: float = 30.0
+    max_policy_connections: int = 100
+    max_milter_connections: int = 100
+    log_format: str = "text"  # or "json": one object a line
 
 
 @dataclass(frozen=True)

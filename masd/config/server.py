@@ -41,6 +41,9 @@ _SERVER_KEYS: Final = frozenset(
         "max_lmtp_sessions",
         "max_http_connections",
         "domains_dir",
+        "max_policy_connections",
+        "max_milter_connections",
+        "log_format",
     }
 )
 #: Where domain files are looked for when ``server.domains_dir`` is not set:
@@ -99,6 +102,9 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         domains_dir=check.resolve(domains_dir or DEFAULT_DOMAINS_DIR),
         domains_dir_set="domains_dir" in table,
         claim_timeout=claim_timeout,
+        max_policy_connections=limits["max_policy_connections"],
+        max_milter_connections=limits["max_milter_connections"],
+        log_format=_log_format(check, table),
     )
 
 
@@ -269,14 +275,28 @@ def _delimiter(check: Checker, table: Mapping[str, Any]) -> str:
 
 
 def _limits(check: Checker, table: Mapping[str, Any]) -> dict[str, int]:
-    """The positive integers: message size, LMTP sessions, HTTP connections."""
+    """The positive integers: message size and the listeners' connection caps."""
     limits = {}
     for key, default in (
         ("max_message_bytes", 26214400),
         ("max_lmtp_sessions", 100),
         ("max_http_connections", 1000),
+        ("max_policy_connections", 100),
+        ("max_milter_connections", 100),
     ):
         limits[key] = check.get(table, PATH, key, int, default)
         if limits[key] <= 0:
             check.error(join(PATH, key), f"{limits[key]} is not a positive integer")
     return limits
+
+
+#: ``server.log_format``: the standard library's line, or one JSON object a line.
+LOG_FORMATS: Final = ("text", "json")
+
+
+def _log_format(check: Checker, table: Mapping[str, Any]) -> str:
+    text = check.get(table, PATH, "log_format", str, "text")
+    if text not in LOG_FORMATS:
+        check.error(join(PATH, "log_format"), f'{show(text)} is not "text" or "json"')
+        return "text"
+    return text

@@ -265,7 +265,11 @@ class Outbox:
             raise
         except Exception as exc:  # noqa: BLE001 - one row's trouble must not stop the others
             log.error(
-                "outbox attempt crashed outbox_id=%s case=%s error=%r", item.id, item.case_key, exc
+                "outbox attempt crashed outbox_id=%s case=%s error=%r",
+                item.id,
+                item.case_key,
+                exc,
+                extra={"case": item.case_key},
             )
             return Attempt("retry", f"internal error: {exc!r}", healthy=None)
 
@@ -322,6 +326,7 @@ class Outbox:
                     failures,
                     delay,
                     json.dumps(str(exc)),
+                    extra={"case": item.case_key},
                 )
                 await _pause(self._halt, delay)
 
@@ -345,6 +350,7 @@ class Outbox:
             "outbox %s %s",
             result,
             " ".join(f"{k}={v}" for k, v in _describe(item, outcome.detail).items()),
+            extra={"case": item.case_key},
         )
         # Rows this job queued are this loop's to find (an attempt ending
         # wakes it); a deadline it wrote is the timer's.
