@@ -156,6 +156,8 @@ class ServerConfig:
     #: error only when ``domains_dir`` was set.
     domains_dir: Path | None = None
     domains_dir_set: bool = False
+    #: Serve the operator console at ``/console/`` on the HTTP listener.
+    console: bool = False
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ _SERVER_KEYS: Final = frozenset(
         "max_lmtp_sessions",
         "max_http_connections",
         "domains_dir",
+        "console",
     }
 )
 #: Where domain files are looked for when ``server.domains_dir`` is not set:
@@ -64,6 +65,12 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
     domains_dir = check.get(table, PATH, "domains_dir", str, DEFAULT_DOMAINS_DIR)
     if not domains_dir:
         check.error(join(PATH, "domains_dir"), '"" is not a directory name')
+    console = check.get(table, PATH, "console", bool, False)
+    if console and "admin_token_file" not in table:
+        check.error(
+            join(PATH, "console"),
+            "needs server.admin_token_file: the console signs in with the admin secret",
+        )
     hostname = check.get(table, PATH, "hostname", str, "localhost")
     try:
         hostname = ascii_host_name(hostname)
@@ -88,6 +95,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         max_http_connections=limits["max_http_connections"],
         domains_dir=check.resolve(domains_dir or DEFAULT_DOMAINS_DIR),
         domains_dir_set="domains_dir" in table,
+        console=console,
     )
 
 
