@@ -35,6 +35,13 @@ def esc(value: object) -> Html:
     return Html(html.escape("" if value is None else str(value), quote=True))
 
 
+def when(stamp: object) -> Html:
+    """An RFC 3339 time from the read side, as a ``<time>`` (a dash when there is none)."""
+    if not stamp:
+        return esc("—")
+    return Html(f'<time datetime="{esc(stamp)}">{esc(stamp)}</time>')
+
+
 def join(parts: Iterable[str]) -> Html:
     return Html("".join(parts))
 

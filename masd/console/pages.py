@@ -22,6 +22,7 @@ from masd.console.markup import (
     notice,
     post_form,
     table,
+    when,
 )
 from masd.console.timeline import row, row_html
 
@@ -89,8 +90,8 @@ def _case_row(c: Doc) -> list[Html]:
         link(case_href(c["key"]), c["address"]),
         esc(c.get("role")),
         esc(c.get("participant")),
-        esc(c.get("opened_at")),
-        esc(c.get("last_activity_at")),
+        when(c.get("opened_at")),
+        when(c.get("last_activity_at")),
         open_one,
     ]
 
@@ -101,6 +102,7 @@ def _live(feed_after: str, case_key: str | None = None) -> Html:
     return Html(
         f'<section class="live" data-feed="{esc(source)}" data-case="{esc(case_key or "")}">'
         '<h2>Live <span class="live-state" aria-live="polite">off (no script)</span></h2>'
+        '<p class="hint">Events appear here as they happen.</p>'
         '<ol class="events" id="live-events"></ol></section>'
     )
 
@@ -134,9 +136,9 @@ def _handoffs(items: Iterable[Doc]) -> Html:
             esc(h.get("mode")),
             esc(h.get("status")),
             esc(h.get("seq")),
-            esc(h.get("requested_at")),
-            esc(h.get("deadline_at")),
-            esc(h.get("closed_at")),
+            when(h.get("requested_at")),
+            when(h.get("deadline_at")),
+            when(h.get("closed_at")),
         ]
         for h in items
     ]
@@ -162,7 +164,7 @@ def case(case_doc: Doc, thread: Doc, feed_after: str, csrf: str, *, limit: int) 
     source = href("events", after=feed_after, case=c["key"])
     timeline = Html(f'<ol class="timeline" id="timeline" data-feed="{esc(source)}">{items}</ol>')
     if not entries:
-        timeline = Html(f'<p class="empty">Nothing on the thread yet.</p>{timeline}')
+        timeline = Html(f'<p class="empty" id="timeline-empty">Nothing yet.</p>{timeline}')
     more = Html("")
     if len(entries) >= limit:
         later = case_href(c["key"], after=str(thread["next"]))
@@ -209,7 +211,7 @@ def _queue_row(item: Doc, csrf: str) -> list[Html]:
         ),
         esc(item.get("attempts")),
         esc(item.get("last_error")),
-        esc(item.get("next_attempt_at") or item.get("done_at")),
+        when(item.get("next_attempt_at") or item.get("done_at")),
         Html(f'<div class="actions">{actions}</div>'),
     ]
 
@@ -249,8 +251,25 @@ def suppressions(items: Sequence[Doc], csrf: str) -> str:
     return frame("Suppressions", body, current="suppressions", csrf=csrf)
 
 
-def _labels(labels: Iterable[tuple[str, str]]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in labels)
+def _value(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
+
+
+def _series(series: Mapping[Any, float]) -> str:
+    """A gauge's values in one line: each labelled value not 0, then how many are 0."""
+    if not series:
+        return "none"
+    shown, zero = [], 0
+    for labels, value in sorted(series.items()):
+        if not labels:
+            return _value(value)
+        if value == 0:
+            zero += 1
+            continue
+        shown.append(", ".join(f"{k}={v}" for k, v in labels) + f": {_value(value)}")
+    if zero:
+        shown.append(f"{'the other ' if shown else ''}{zero} at 0" if len(series) > 1 else "0")
+    return "; ".join(shown)
 
 
 def health(healthz: Doc, gauges: Mapping[str, tuple[str, Mapping[Any, float]]], csrf: str) -> str:
@@ -261,23 +280,10 @@ def health(healthz: Doc, gauges: Mapping[str, tuple[str, Mapping[Any, float]]], 
         f"<code>/healthz</code>: {esc('200 ok' if ok else '503 store')}"
         f" — {esc(healthz.get('detail'))}</p>"
     )
-    rows = []
-    for name, (help_text, series) in sorted(gauges.items()):
-        for labels, value in sorted(series.items()):
-            shown = int(value) if float(value).is_integer() else round(value, 3)
-            rows.append(
-                [
-                    Html(f"<code>{esc(name)}</code>"),
-                    esc(_labels(labels)),
-                    esc(shown),
-                    esc(help_text),
-                ]
-            )
-    body = join(
-        [
-            verdict,
-            "<h2>Store gauges</h2>",
-            table(("Gauge", "Labels", "Value", "Meaning"), rows, empty="No gauge."),
-        ]
-    )
+    rows = [
+        [Html(f"<code>{esc(name)}</code>"), esc(_series(series)), esc(help_text)]
+        for name, (help_text, series) in sorted(gauges.items())
+    ]
+    gauge_table = table(("Gauge", "Value", "Meaning"), rows, empty="No gauge.", id="gauges")
+    body = join([verdict, "<h2>Store gauges</h2>", gauge_table])
     return frame("Health", body, current="health", csrf=csrf)

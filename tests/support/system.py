@@ -1,4 +1,5 @@
-"""System programs the tests drive for real (postfix, systemd-analyze, dpkg-deb, pipx).
+"""System programs the tests drive for real (postfix, systemd-analyze, dpkg-deb, pipx,
+chromium).
 
 One rule, in one place: a missing program skips the test, and the skip names
 the Debian package that brings it; unless ``MASD_REQUIRE_SYSTEM_TESTS`` is set
@@ -41,6 +42,8 @@ DEBIAN_PACKAGES = {
     "openssl": "openssl",
     "unshare": "util-linux",
     "promtool": "prometheus",
+    "chromium": "chromium",
+    "chromedriver": "chromium-driver",
 }
 
 

@@ -46,7 +46,7 @@ function follow(list) {
     if (list.classList.contains("timeline")) {
       if (list.querySelector('[data-seq="' + CSS.escape(event.row.seq) + '"]')) return;
       list.append(timelineRow(event.row));
-      const empty = document.querySelector("p.empty");
+      const empty = document.getElementById("timeline-empty");
       if (empty) empty.remove();
     } else {
       const events = list.querySelector("ol.events");
