@@ -130,12 +130,13 @@ def test_an_operator_walks_through_the_console(
     shot(browser, "cases")
 
     # A case's thread as a timeline; a mail delivered meanwhile appears in it live.
-    browser.find_element(By.PARTIAL_LINK_TEXT, "ticket=").click()
+    rows[1].find_element(By.TAG_NAME, "a").click()  # the case with a handoff
     wait_for(browser, "#timeline li.entry")
     wait_for(browser, ".live-state", "live")
     address = browser.find_element(By.CSS_SELECTOR, "h1").text
     before = len(browser.find_elements(By.CSS_SELECTOR, "#timeline li.entry"))
     assert browser.find_elements(By.CSS_SELECTOR, "#timeline .delivery")  # delivery states
+    assert "callback" in browser.find_element(By.CSS_SELECTOR, "main table").text  # its handoff
     lmtp(lmtp_port, address, "Any news?")
     wait_for(browser, "#timeline li.entry.kind-mail-in:last-of-type .what", "Any news?")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline li.entry")) > before

@@ -314,3 +314,22 @@ def test_the_outside_check_can_fail() -> None:
     nothing_from_outside(
         '<a href="/console/cases?state=open">x</a><script src="/console/static/console.js">'
     )
+
+
+def test_a_reload_turns_the_console_on_and_a_new_secret_signs_everyone_out(tmp_path: Path) -> None:
+    async def body(r: Running) -> None:
+        assert (await r.client.get("/console/sign-in")).status_code == 404
+        path = tmp_path / "masd.toml"
+        path.write_text(console_on(path.read_text()))
+        r.rt.replace_config(load_config(path))
+        assert (await r.client.get("/console/sign-in")).status_code == 200
+        await sign_in(r.client)
+        assert (await r.client.get("/console/health")).status_code == 200
+        (tmp_path / "admin.token").write_text("a-new-admin-secret-0123\n")
+        r.rt.replace_config(load_config(path))
+        ended = await r.client.get("/console/health")
+        assert (ended.status_code, ended.headers["location"]) == (303, "/console/sign-in")
+        assert (await sign_in(r.client)).status_code == 401  # the old secret
+        assert (await sign_in(r.client, "a-new-admin-secret-0123")).status_code == 303
+
+    run(tmp_path, body, on=False)
