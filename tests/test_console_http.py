@@ -182,6 +182,10 @@ def test_every_page_is_guarded_escaped_and_loads_nothing_from_outside(tmp_path: 
         assert missing.status_code == 404
         assert "no case" in missing.text
         guarded(missing)
+        unknown = await r.client.get("/console/static/other.js")
+        assert unknown.status_code == 404
+        assert (await r.client.head("/console/events")).status_code == 200
+        assert (await r.client.get(f"/console/cases/{key}?after=x")).status_code == 400
         bad = await r.client.get("/console/cases?state=sideways")
         assert bad.status_code == 400
         assert "state" in bad.text

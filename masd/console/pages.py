@@ -161,12 +161,13 @@ def case(case_doc: Doc, thread: Doc, feed_after: str, csrf: str, *, limit: int) 
     )
     entries = thread["entries"]
     items = "".join(row_html(row(e)) for e in entries)
-    source = href("events", after=feed_after, case=c["key"])
-    timeline = Html(f'<ol class="timeline" id="timeline" data-feed="{esc(source)}">{items}</ol>')
+    full = len(entries) >= limit  # later entries are on the next page: not followed here
+    source = "" if full else f' data-feed="{esc(href("events", after=feed_after, case=c["key"]))}"'
+    timeline = Html(f'<ol class="timeline" id="timeline"{source}>{items}</ol>')
     if not entries:
         timeline = Html(f'<p class="empty" id="timeline-empty">Nothing yet.</p>{timeline}')
     more = Html("")
-    if len(entries) >= limit:
+    if full:
         later = case_href(c["key"], after=str(thread["next"]))
         more = Html(f'<p class="more">{link(later, "Later entries")}</p>')
     body = join(

@@ -222,7 +222,9 @@ async def _cases(request: web.Request, served: Served, session: Session) -> web.
 async def _case(request: web.Request, served: Served, session: Session) -> web.StreamResponse:
     key = request.match_info["key"]
     text = request.query.get("after", "0")
-    after = int(text) if text.isascii() and text.isdigit() and len(text) < 19 else 0
+    if not (text.isascii() and text.isdigit() and len(text) < 19):
+        raise HttpRefusal("invalid-message", f"after: {text[:40]!r} is not a seq of the thread")
+    after = int(text)
 
     def read(tx: Any) -> tuple[Any, Any, str]:
         found = readside.case_json(tx, key)
@@ -333,6 +335,8 @@ async def _events(request: web.Request, served: Served, session: Session) -> web
         )
     )
     await response.prepare(request)
+    if request.method == hdrs.METH_HEAD:
+        return response
     token = request.cookies.get(COOKIE)
     try:
         pages_ = feed.stream(
