@@ -53,6 +53,7 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
     chromedriver = require_program("chromedriver")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     for flag in (*FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(flag)
     service = Service(executable_path=chromedriver, log_output=str(tmp_path / "chromedriver.log"))
@@ -100,6 +101,13 @@ def wait_for(driver: WebDriver, css: str, text: str = "") -> None:
     WebDriverWait(driver, WAIT).until(condition or ready.presence_of_element_located(located))
 
 
+def no_errors(driver: WebDriver) -> None:
+    """The page's console holds no error: nothing the policy refused, no script error."""
+    logged = driver.get_log("browser")
+    errors = [e["message"] for e in logged if e["level"] == "SEVERE"]
+    assert errors == [], errors
+
+
 def click(driver: WebDriver, css: str) -> None:
     driver.find_element(By.CSS_SELECTOR, css).click()
 
@@ -115,9 +123,11 @@ def test_an_operator_walks_through_the_console(
     browser.get(base + "/console/")
     wait_for(browser, "form.sign-in")
     shot(browser, "sign-in")
+    no_errors(browser)
     browser.find_element(By.ID, "secret").send_keys("not-the-secret")
     click(browser, "form.sign-in button")
     wait_for(browser, "p.refused", "not the admin secret")
+    browser.get_log("browser")  # the 401 of that answer, logged as expected
     browser.find_element(By.ID, "secret").send_keys(secret)
     click(browser, "form.sign-in button")
     wait_for(browser, "#cases")
@@ -127,7 +137,11 @@ def test_an_operator_walks_through_the_console(
     rows = browser.find_elements(By.CSS_SELECTOR, "#cases tbody tr")
     assert len(rows) == 2
     assert "callback" in rows[1].text  # the older case has its handoff open
+    # The list's live panel shows each event as it commits.
+    lmtp(lmtp_port, "ticket@help.example", "Third time lucky")
+    wait_for(browser, "#live-events li", "Third time lucky")
     shot(browser, "cases")
+    no_errors(browser)
 
     # A case's thread as a timeline; a mail delivered meanwhile appears in it live.
     rows[1].find_element(By.TAG_NAME, "a").click()  # the case with a handoff
@@ -141,6 +155,7 @@ def test_an_operator_walks_through_the_console(
     wait_for(browser, "#timeline li.entry.kind-mail-in:last-of-type .what", "Any news?")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline li.entry")) > before
     shot(browser, "case")
+    no_errors(browser)
 
     # The outbound queue: retry one item, drop another (the script asks first).
     click(browser, 'nav a[href="/console/outbox"]')
@@ -157,6 +172,7 @@ def test_an_operator_walks_through_the_console(
     ids = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#outbox tbody td:first-child")]
     assert first not in ids
     shot(browser, "outbox")
+    no_errors(browser)
 
     for page, says in (
         ("intakes", "No intake is waiting"),
@@ -166,6 +182,7 @@ def test_an_operator_walks_through_the_console(
         click(browser, f'nav a[href="/console/{page}"]')
         wait_for(browser, "main", says)
         shot(browser, page)
+        no_errors(browser)
 
     # Signing out ends the session: the pages send the browser to sign in again.
     click(browser, "form.sign-out button")

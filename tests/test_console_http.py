@@ -182,6 +182,10 @@ def test_every_page_is_guarded_escaped_and_loads_nothing_from_outside(tmp_path: 
         assert missing.status_code == 404
         assert "no case" in missing.text
         guarded(missing)
+        icon = await r.client.get("/console/static/favicon.svg")
+        assert icon.headers["content-type"].startswith("image/svg+xml")
+        guarded(icon)
+        assert "href" not in icon.text  # an icon of its own: it links to nothing
         unknown = await r.client.get("/console/static/other.js")
         assert unknown.status_code == 404
         assert (await r.client.head("/console/events")).status_code == 200

@@ -12,5 +12,5 @@ serve them, and the sign-in, are :mod:`masd.edges.http.console`; the sessions it
 - :mod:`~masd.console.timeline`: a thread entry as one timeline row (the page and the live
   feed render it alike);
 - :mod:`~masd.console.pages`: the pages themselves;
-- ``static/``: the one style sheet and the one script, served by masd itself.
+- ``static/``: the one style sheet, the one script and the icon, served by masd itself.
 """

@@ -122,6 +122,7 @@ def frame(title: str, body: Html, *, current: str = "", csrf: str | None = None)
         '<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)} · masd console</title>"
+        f'<link rel="icon" href="{STATIC}favicon.svg" type="image/svg+xml">'
         f'<link rel="stylesheet" href="{STATIC}console.css">'
         f'<script src="{STATIC}console.js" defer></script>'
         f"</head><body><header>{header}</header>"

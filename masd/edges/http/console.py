@@ -63,11 +63,12 @@ SECURITY_HEADERS: Final = {
     hdrs.CACHE_CONTROL: "no-store",
 }
 _HTML: Final = "text/html"
-#: The style sheet and the script, read once: name -> (content type, bytes).
+#: The style sheet, the script and the icon, read once: name -> (content type, bytes).
 _STATIC_DIR: Final = Path(masd.console.__file__).resolve().parent / "static"
 STATIC: Final = {
     "console.css": ("text/css", (_STATIC_DIR / "console.css").read_bytes()),
     "console.js": ("text/javascript", (_STATIC_DIR / "console.js").read_bytes()),
+    "favicon.svg": ("image/svg+xml", (_STATIC_DIR / "favicon.svg").read_bytes()),
 }
 #: Seconds of silence after which the live feed sends a keep-alive comment.
 KEEPALIVE_SECONDS: Final = 15.0
