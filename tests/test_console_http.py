@@ -341,3 +341,28 @@ def test_a_reload_turns_the_console_on_and_a_new_secret_signs_everyone_out(tmp_p
         assert (await sign_in(r.client, "a-new-admin-secret-0123")).status_code == 303
 
     run(tmp_path, body, on=False)
+
+
+def test_a_form_that_cannot_be_read_is_400_never_5xx(tmp_path: Path) -> None:
+    forms = [
+        (b"\xff\xfe=\xff", "application/x-www-form-urlencoded"),
+        (b"--x\r\n", "multipart/form-data; boundary=x"),
+    ]
+
+    async def body(r: Running) -> None:
+        for content, kind in forms:
+            headers = {"content-type": kind}
+            refused = await r.client.post("/console/sign-in", content=content, headers=headers)
+            assert refused.status_code == 400, refused.text
+            assert "the form cannot be read" in refused.text
+            guarded(refused)
+        other = await r.client.post("/console/sign-in", json={"secret": ADMIN})
+        assert other.status_code == 401  # a JSON body is no form: no secret in it
+        await sign_in(r.client)
+        for content, kind in forms:
+            headers = {"content-type": kind}
+            refused = await r.client.post("/console/outbox/retry", content=content, headers=headers)
+            assert refused.status_code == 400, refused.text
+            guarded(refused)
+
+    run(tmp_path, body)

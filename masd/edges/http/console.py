@@ -110,6 +110,18 @@ def session_of(request: web.Request, served: Served) -> Session | None:
     return served.sessions.find(token, _secret(served), served.clock.now())
 
 
+async def form_field(request: web.Request, name: str) -> str | None:
+    """The text field ``name`` of the request's form (urlencoded or multipart); None when
+    it has none.  A form that cannot be read (not UTF-8, a malformed multipart body) is
+    ``400``, a page of its own."""
+    try:
+        form = await request.post()
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise HttpRefusal("invalid-message", f"the form cannot be read: {exc}") from exc
+    value = form.get(name)
+    return value if isinstance(value, str) else None
+
+
 def signed_in(page: Page, *, change: bool = False) -> Handler:
     """``page`` for a live session; without one a GET is sent to sign in and anything else
     is 401.  ``change``: the form must carry the session's CSRF token, else 403.  A refusal
@@ -122,16 +134,15 @@ def signed_in(page: Page, *, change: bool = False) -> Handler:
             if request.method in (hdrs.METH_GET, hdrs.METH_HEAD):
                 return see_other(ROOT + "sign-in")
             return _refused(401, "Not signed in", "sign in first: no live console session", None)
-        if change:
-            form = await request.post()
-            given = form.get(CSRF_FIELD)
-            if not session.csrf_matches(given if isinstance(given, str) else None):
-                why = "missing" if given is None else "not this session's"
-                log.info(
-                    "console refused remote=%s path=%s csrf=%s", request.remote, request.path, why
-                )
-                detail = f"the form's CSRF token is {why}: reload the page and try again"
-                return _refused(403, "Refused", detail, session)
+        try:
+            given = await form_field(request, CSRF_FIELD) if change else None
+        except HttpRefusal as refusal:
+            return _refused(refusal.status, refusal.kind, refusal.detail, session)
+        if change and not session.csrf_matches(given):
+            why = "missing" if given is None else "not this session's"
+            log.info("console refused remote=%s path=%s csrf=%s", request.remote, request.path, why)
+            detail = f"the form's CSRF token is {why}: reload the page and try again"
+            return _refused(403, "Refused", detail, session)
         try:
             return await page(request, served, session)
         except HttpRefusal as refusal:
@@ -154,14 +165,14 @@ async def sign_in_page(request: web.Request, served: Served) -> web.StreamRespon
 
 
 async def sign_in(request: web.Request, served: Served) -> web.StreamResponse:
-    form = await request.post()
-    given = form.get("secret")
+    try:
+        given = await form_field(request, "secret")
+    except HttpRefusal as refusal:
+        return html(pages.sign_in(refused=refusal.detail), refusal.status)
     token = _secret(served)
     if token is None:
         return html(pages.sign_in(refused="no admin secret is configured"), 401)
-    if not isinstance(given, str) or not hmac.compare_digest(
-        given.strip().encode(), token.encode()
-    ):
+    if given is None or not hmac.compare_digest(given.strip().encode(), token.encode()):
         log.info("console sign-in refused remote=%s", request.remote)
         return html(pages.sign_in(refused="That is not the admin secret."), 401)
     cookie, _ = served.sessions.open(token, served.clock.now())
