@@ -291,6 +291,9 @@ def test_sessions_expire_end_with_a_new_secret_and_are_bounded() -> None:
     for now in range(2050, 2300, 50):
         assert held.find(token, "s3cret", now) is not None
     assert held.find(token, "s3cret", 2300) is None  # the longest a session lasts
+    token, _ = held.open("s3cret", now=2500)
+    assert held.find(token, "s3cret", 2550, touch=False) is not None  # a look, not a use
+    assert held.find(token, "s3cret", 2561, touch=False) is None
     token, _ = held.open("s3cret", now=3000)
     assert held.find(token, "rotated", 3001) is None  # a reload with a new secret
     assert held.find(token, "s3cret", 3002) is None  # and it stays ended
@@ -366,3 +369,15 @@ def test_a_form_that_cannot_be_read_is_400_never_5xx(tmp_path: Path) -> None:
             guarded(refused)
 
     run(tmp_path, body)
+
+
+def test_check_config_says_whether_the_console_is_on(tmp_path: Path) -> None:
+    from support.http import write_config
+
+    from masd.config.summary import format_summary
+
+    path = write_config(tmp_path)
+    assert "console   off" in format_summary(load_config(path)).splitlines()
+    path.write_text(console_on(path.read_text()))
+    summary = format_summary(load_config(path)).splitlines()
+    assert "console   on at http://127.0.0.1:8025/console/" in summary

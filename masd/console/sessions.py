@@ -72,9 +72,12 @@ class Sessions:
         self._held[_digest(token)] = session
         return token, session
 
-    def find(self, token: str | None, secret: str | None, now: float) -> Session | None:
+    def find(
+        self, token: str | None, secret: str | None, now: float, *, touch: bool = True
+    ) -> Session | None:
         """The live session of ``token`` while the admin secret is still ``secret``; its
-        idle expiry starts again.  None (and the session ended) otherwise."""
+        idle expiry starts again (unless ``touch`` is false: a page left open following the
+        live feed is not a use).  None (and the session ended) otherwise."""
         if not token:
             return None
         key = _digest(token)
@@ -85,7 +88,8 @@ class Sessions:
         if not current or now >= session.expires:
             del self._held[key]
             return None
-        session.expires = min(now + self.idle, session.began + self.longest)
+        if touch:
+            session.expires = min(now + self.idle, session.began + self.longest)
         return session
 
     def close(self, token: str | None) -> None:

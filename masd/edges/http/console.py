@@ -355,7 +355,8 @@ async def _events(request: web.Request, served: Served, session: Session) -> web
             served.store, served.feed, after, case_key=case_key, idle=KEEPALIVE_SECONDS
         )
         async for found in pages_:
-            if served.sessions.find(token, _secret(served), served.clock.now()) is None:
+            live = served.sessions.find(token, _secret(served), served.clock.now(), touch=False)
+            if live is None:
                 break  # signed out, expired, or the secret changed
             await response.write(relayed(found))
     except (ConnectionError, StoreError) as exc:
