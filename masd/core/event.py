@@ -50,11 +50,13 @@ from masd.core.trust import (
     DMARC_RESULTS,
     AuthVerdict,
     Automation,
+    TrustCause,
     TrustSettings,
     domain_key,
     read_auth,
     read_automation,
     strip_comments,
+    trust_cause,
 )
 
 __all__ = [
@@ -267,6 +269,8 @@ class ParsedMail:
     event: GatewayEvent
     auth: AuthVerdict
     automation: Automation
+    #: why the sender is (not) taken as authenticated and not automated
+    cause: TrustCause
     #: every address of every From header, domain lowercased (A-labels)
     from_addresses: tuple[str, ...]
 
@@ -500,6 +504,7 @@ def build_event(
     auth = read_auth(auth_headers, from_addresses, trust)
     auto_headers = headers if not AUTOMATION_HEADERS.isdisjoint(first) else ()
     automation = read_automation(auto_headers, envelope_from)
+    cause = trust_cause(auth_headers, auth, automation, trust)
 
     text, attachments = _text_and_attachments(first, body)
 
@@ -524,4 +529,6 @@ def build_event(
         automated=automation.is_automated,
         automated_reason=_cap(automation.reason, MAX_REASON) if automation.reason else None,
     )
-    return ParsedMail(event=event, auth=auth, automation=automation, from_addresses=from_addresses)
+    return ParsedMail(
+        event=event, auth=auth, automation=automation, cause=cause, from_addresses=from_addresses
+    )

@@ -3,10 +3,13 @@
 - the listeners answer (LMTP greets, HTTP ``/healthz`` says ok, policy and
   milter accept a connection);
 - the store exists and can be written;
-- of the last N messages, how many carried an Authentication-Results masd
-  trusted, and which authserv-ids the others carried instead: the usual
-  reason mail is recorded but never acknowledged nor handed off is an MTA
-  writing its results under another name than ``server.trusted_authserv_ids``;
+- of the last N messages, why each was or was not taken as from an
+  authenticated, non-automated sender, counted by cause
+  (:func:`masd.core.trust.trust_cause`, the account intake gives): no A-R
+  from ``server.trusted_authserv_ids`` (and which ids came instead), our
+  A-R without a dmarc result (the verifier skipped the mail), our A-R only
+  below a host outside ``server.trusted_hosts``, a dmarc result other than
+  pass, or automated mail;
 - every DKIM key can be read and signs;
 - the SMTP relay greets, every peer (mode endpoints, masters, webhooks)
   accepts a connection.
@@ -25,9 +28,10 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from masd.config import Config, Listen, TcpListen, UnixListen
-from masd.core.comments import strip_comments
-from masd.core.mime import parse_headers
-from masd.core.trust import split_resinfo
+from masd.core import trust
+from masd.core.event import build_event
+from masd.core.times import rfc3339
+from masd.core.trust import TrustCause, TrustSettings
 from masd.service.trust_watch import WINDOW
 from masd.store.probe import DoctorStoreError, RecentMessage, check_writable, recent_messages
 
@@ -47,61 +51,110 @@ class Finding:
 
 # --------------------------------------------------------------------------- trust
 
+#: The order causes are told in (masd.core.trust); dmarc-<result> ones follow.
+_ORDER: Final = (
+    trust.TRUSTED,
+    trust.AUTOMATED,
+    trust.NO_TRUSTED_AR,
+    trust.NO_DMARC_RESULT,
+    trust.BELOW_UNTRUSTED_HOST,
+)
+#: Causes that mean our verifier's dmarc result reached masd.
+_RESULT_SEEN: Final = frozenset({trust.TRUSTED, trust.AUTOMATED})
 
-def authserv_ids(head: bytes) -> list[str]:
-    """The authserv-id of every Authentication-Results header in ``head``, top down."""
-    ids = []
-    for name, value in parse_headers(head):
-        if name.lower() != "authentication-results":
-            continue
-        words = strip_comments(split_resinfo(" ".join(value.split()))[0]).split()
-        if words:
-            ids.append(words[0].lower().rstrip("."))
-    return ids
+
+def cause_of(message: RecentMessage, settings: TrustSettings) -> TrustCause:
+    """The account intake gives of ``message`` (:func:`masd.core.event.build_event`),
+    under today's settings."""
+    mail = build_event(
+        message.head,
+        mail_from=message.mail_from,
+        rcpt_to=message.rcpt_to,
+        received_at=rfc3339(0) or "",
+        message_ref="msg-doctor",
+        trust=settings,
+    )
+    return mail.cause
 
 
 @dataclass(frozen=True)
 class TrustSummary:
     total: int
-    trusted: int
-    #: For the messages without a trusted result: how many carried an A-R of each id.
-    others: tuple[tuple[str, int], ...]
+    #: (cause, how many messages) in the order told.
+    causes: tuple[tuple[str, int], ...]
+    #: The authserv-ids of the messages with no A-R from ours, how many carried each.
+    other_ids: tuple[tuple[str, int], ...] = ()
+    #: The hosts whose Received header hid our A-R, how many for each.
+    hosts: tuple[tuple[str, int], ...] = ()
+    #: What made the automated ones automated, how many for each.
+    headers: tuple[tuple[str, int], ...] = ()
+
+    def count(self, cause: str) -> int:
+        return sum(n for c, n in self.causes if c == cause)
 
 
-def summarize(messages: Sequence[RecentMessage]) -> TrustSummary:
-    others: Counter[str] = Counter()
-    trusted = 0
-    for message in messages:
-        if message.authserv_id is not None:
-            trusted += 1
-            continue
-        others.update(set(authserv_ids(message.head)))
-    return TrustSummary(len(messages), trusted, tuple(others.most_common()))
+def summarize(causes: Sequence[TrustCause]) -> TrustSummary:
+    """Each cause counted, with the ids, hosts and headers behind them."""
+    counts = Counter(c.cause for c in causes)
+    ids = Counter(i for c in causes if c.cause == trust.NO_TRUSTED_AR for i in c.authserv_ids)
+    hosts = Counter(c.host for c in causes if c.host is not None)
+    headers = Counter(_header_name(c.header) for c in causes if c.header is not None)
+    order = [c for c in _ORDER if c in counts] + sorted(c for c in counts if c not in _ORDER)
+    return TrustSummary(
+        len(causes),
+        tuple((c, counts[c]) for c in order),
+        tuple(ids.most_common()),
+        tuple(hosts.most_common()),
+        tuple(headers.most_common()),
+    )
+
+
+def _header_name(reason: str) -> str:
+    return reason.split(":", 1)[0]
+
+
+def _listed(counts: Sequence[tuple[str, int]]) -> str:
+    return ", ".join(f"{name} ({n})" for name, n in counts)
+
+
+def _cause_part(summary: TrustSummary, cause: str, n: int, ours: str) -> str:
+    if cause == trust.TRUSTED:
+        return f"{n} from an authenticated sender, not automated"
+    if cause == trust.AUTOMATED:
+        return f"{n} authenticated but automated: {_listed(summary.headers)}"
+    if cause == trust.NO_TRUSTED_AR:
+        carried = f" (they carried A-R from {_listed(summary.other_ids)})"
+        return f"{n} had no A-R from {ours}{carried if summary.other_ids else ''}"
+    if cause == trust.NO_DMARC_RESULT:
+        return f"{n} had an A-R from {ours} without a dmarc= result: {trust.SKIPPED_HINT}"
+    if cause == trust.BELOW_UNTRUSTED_HOST:
+        return (
+            f"{n} had an A-R from {ours} only below a Received by a host not in "
+            f"server.trusted_hosts: {_listed(summary.hosts)}"
+        )
+    return f"{n} had {cause.replace('-', '=', 1)}"
 
 
 def trust_finding(summary: TrustSummary, trusted_ids: Sequence[str]) -> Finding:
-    """ "0 of 120 messages had an A-R from mx.help.example; 118 had one from mx.other.example"."""
+    """ "2 of 5 messages had a dmarc result from mx.help.example; 2 from an authenticated..."."""
     what = "authentication"
     ours = " or ".join(trusted_ids) or "(server.trusted_authserv_ids is empty)"
     if summary.total == 0:
         return Finding(True, what, "no messages recorded yet")
-    text = f"{summary.trusted} of {summary.total} messages had an A-R from {ours}"
-    parts = []
-    for sid, n in summary.others:
-        if sid in trusted_ids:
-            # The id is trusted, yet the result was not: it sat below a Received
-            # header by a host outside server.trusted_hosts.
-            parts.append(f"{n} had one from {sid} below a host not in server.trusted_hosts")
-        else:
-            parts.append(f"{n} had one from {sid}")
-    text = "; ".join([text, *parts])
-    if summary.trusted:
+    seen = sum(n for c, n in summary.causes if c in _RESULT_SEEN or c.startswith("dmarc-"))
+    text = f"{seen} of {summary.total} messages had a dmarc result from {ours}"
+    text = "; ".join([text, *(_cause_part(summary, c, n, ours) for c, n in summary.causes)])
+    if seen:
         return Finding(True, what, text)
     hint = "no mail can pass DMARC, so none is acknowledged or handed off"
-    if any(sid not in trusted_ids for sid, _ in summary.others):
+    if summary.count(trust.NO_TRUSTED_AR) and summary.other_ids:
         hint += "; is the authserv-id your verifier writes in server.trusted_authserv_ids?"
-    else:
+    elif summary.count(trust.NO_TRUSTED_AR):
         hint += "; does a DMARC verifier run in front of masd?"
+    elif summary.count(trust.BELOW_UNTRUSTED_HOST):
+        hint += "; is every MTA of yours in server.trusted_hosts?"
+    else:
+        hint += "; send the test mail from another host than the MX"
     return Finding(False, what, f"{text}: {hint}")
 
 
@@ -219,7 +272,9 @@ def check_store(config: Config, messages: int) -> list[Finding]:
         recent = recent_messages(database, messages)
     except DoctorStoreError as exc:
         return [*found, Finding(False, "authentication", exc.detail)]
-    return [*found, trust_finding(summarize(recent), config.server.trusted_authserv_ids)]
+    settings = TrustSettings.of(config.server.trusted_authserv_ids, config.server.trusted_hosts)
+    causes = [cause_of(m, settings) for m in recent]
+    return [*found, trust_finding(summarize(causes), config.server.trusted_authserv_ids)]
 
 
 def check_dkim(config: Config) -> list[Finding]:
