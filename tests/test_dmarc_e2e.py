@@ -23,6 +23,8 @@ import email.utils
 import secrets
 import smtplib
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -73,6 +75,18 @@ class Chain(Deployment):
                 code, text = smtp.docmd("XCLIENT", f"ADDR={client} NAME={helo} HELO={helo}")
                 assert code == 220, (code, text)
                 smtp.ehlo(helo)
+                return smtp.sendmail(mail_from, list(rcpts), data)
+
+        return await asyncio.to_thread(work)
+
+    async def send_local(
+        self, mail_from: str, rcpts: Sequence[str], data: bytes
+    ) -> dict[str, tuple[int, bytes]]:
+        """One SMTP transaction from 127.0.0.1 itself, as a test on the MX sends it."""
+        port = self.postfix.smtp_port
+
+        def work() -> dict[str, tuple[int, bytes]]:
+            with smtplib.SMTP("127.0.0.1", port, timeout=WAIT) as smtp:
                 return smtp.sendmail(mail_from, list(rcpts), data)
 
         return await asyncio.to_thread(work)
@@ -357,3 +371,49 @@ def test_masd_acknowledgement_passes_opendkim_on_its_way_out(tmp_path: Path) -> 
             await d.wait_queue_empty()
 
     run(main)
+
+
+@pytest.mark.slow
+@pytest.mark.postfix
+def test_mail_sent_on_the_mx_itself_is_skipped_by_opendmarc_and_doctor_says_so(
+    tmp_path: Path,
+) -> None:
+    """The first test an operator tries: a mail sent from the MX (127.0.0.1). OpenDMARC
+    skips its IgnoreHosts (127.0.0.1 by default), so only OpenDKIM's result is there."""
+
+    async def main() -> None:
+        async with deployment(tmp_path) as d:
+            to = f"ticket@{DOMAIN}"
+            data = customer_mail(to, subject="Test", body="Testing.\n", sign=d.customer_key)
+            assert await d.send_local(ANN, [to], data) == {}
+            case = "ticket=ticket-1@help.example"
+            entries = await d.wait_thread(case, lambda e: len(mail_in(e)) == 1, "the mail")
+            assert mail_in(entries)[0]["dmarc"] == "absent"
+            (raw,) = d.stored_raw(case)
+            ours = [r for r in auth_results(raw) if r.lower().startswith(AUTHSERV_ID)]
+            assert ours, auth_results(raw)
+            assert not [r for r in ours if "dmarc=" in r], ours
+            assert "trust=no-dmarc-result" in d.masd.log()
+
+            done = await asyncio.to_thread(run_doctor, d.setup.config)
+            (line,) = [x for x in done.stdout.splitlines() if " authentication:" in x]
+            assert line.startswith(
+                "FAIL authentication: 0 of 1 messages had a dmarc result from mx.help.example; "
+                "1 had an A-R from mx.help.example without a dmarc= result: "
+            ), line
+            assert "OpenDMARC skips mail from its IgnoreHosts (by default 127.0.0.1" in line
+            assert "below a host" not in line
+            await d.wait_queue_empty()
+            assert d.sink.messages == []  # nothing acknowledged
+
+    run(main)
+
+
+def run_doctor(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masd", "doctor", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

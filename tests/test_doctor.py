@@ -12,6 +12,7 @@ import asyncio
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -26,20 +27,25 @@ from support.masd_process import (
 )
 
 from masd.config import TcpListen, UnixListen, load_config
+from masd.core import signing
 from masd.metrics import Metrics
 from masd.ops.doctor import (
+    PROBE_TYPE,
     Finding,
+    PeerTarget,
     TrustSummary,
     check_accepts,
     check_dkim,
     check_greets,
+    check_peer,
     diagnose,
+    peer_targets,
     report,
     trust_finding,
 )
 from masd.service.trust_watch import WINDOW, TrustWatch
 from masd.testing.lmtpclient import LmtpConnection
-from masd.testing.peers import FakePeer, SmtpSink
+from masd.testing.peers import FakePeer, Recorded, SmtpSink
 
 OTHER_ID = "mx.other.example"
 
@@ -128,6 +134,14 @@ def test_doctor_passes_a_healthy_instance_and_fails_a_stopped_one(tmp_path: Path
                     in (done.stdout)
                 )
                 assert done.stdout.splitlines()[-1] == "no problems"
+                # masd as a peer answers the probe as docs/protocol.md §9.9 says.
+                for token, ok, says in (
+                    (setup.endpoint_token, True, "answered the probe 400 unknown-type"),
+                    ("not-a-peers-secret", False, "answered the probe 401 unauthenticated"),
+                ):
+                    target = PeerTarget("masd", setup.messages_url, token)
+                    finding = await asyncio.to_thread(check_peer, target)
+                    assert (finding.ok, says in finding.why) == (ok, True), finding
                 assert await masd.terminate() == 0
 
             # masd stopped: its listeners do not answer, and doctor says so.
@@ -339,3 +353,94 @@ def test_listener_checks_name_the_address(tmp_path: Path) -> None:
     path = tmp_path / "none.sock"
     finding = check_greets("listener lmtp", UnixListen(path))
     assert finding == Finding(False, "listener lmtp", f"unix:{path}: No such file or directory")
+
+
+# --------------------------------------------------------------------------- the peer probe
+
+
+def _contract_peer(token: str, keys: tuple[bytes, ...] = ()) -> FakePeer:
+    """A peer that checks the secret (and signature) first, then refuses an unknown type."""
+
+    def answer(rec: Recorded) -> tuple[int, object]:
+        if rec.headers.get("authorization") != f"Bearer {token}":
+            return 401, {"ok": False, "error": "unauthenticated", "detail": "wrong secret"}
+        if keys and signing.problem(keys, rec.headers.get, rec.body, time.time()):
+            return 401, {"ok": False, "error": "unauthenticated", "detail": "bad signature"}
+        if rec.json.get("type") not in CONTRACT_TYPES:
+            return 400, {"ok": False, "error": "unknown-type", "detail": "type: unknown"}
+        return 200, {"ok": True}
+
+    return FakePeer(answer)
+
+
+CONTRACT_TYPES = frozenset(
+    {"handoff.request", "handoff.update", "handoff.cancel", "case.intake", "case.message"}
+)
+
+
+def test_peer_probe_tells_a_wrong_secret(tmp_path: Path) -> None:
+    async def main() -> None:
+        token_file = tmp_path / "secrets" / "callback.token"
+        setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=9)
+        async with _contract_peer(setup.endpoint_token) as peer:
+            text = setup.config.read_text().replace("http://127.0.0.1:9/mas", peer.url + "mas")
+            setup.config.write_text(text)
+            (target,) = peer_targets(load_config(setup.config))
+            finding = await asyncio.to_thread(check_peer, target)
+            assert finding == Finding(
+                True,
+                "peer help.example type ticket mode callback",
+                f"{peer.url}mas answered the probe 400 unknown-type (the secret is accepted)",
+            )
+            (probe,) = peer.requests
+            assert (probe.method, probe.path) == ("POST", "/mas")
+            assert probe.headers["content-type"] == "application/json"
+            assert set(probe.json) == {"mas_modes_version", "type", "id"}  # no case to act on
+            assert probe.json["type"] == PROBE_TYPE
+
+            token_file.write_text("callback-not-the-peers-secret-0123456789\n")
+            (target,) = peer_targets(load_config(setup.config))
+            finding = await asyncio.to_thread(check_peer, target)
+            assert not finding.ok
+            assert finding.why.startswith(
+                f"{peer.url}mas answered the probe 401 unauthenticated: the peer refuses "
+                "masd's secret; is its token_file the peer's secret"
+            ), finding
+
+    asyncio.run(main())
+
+
+def test_peer_probe_signs_for_a_peer_with_signing_secrets() -> None:
+    keys = (b"k" * 32,)
+
+    async def main() -> None:
+        async with _contract_peer("s3cret-token", keys) as peer:
+            signed = PeerTarget("peer x", peer.url + "mas", "s3cret-token", keys)
+            assert (await asyncio.to_thread(check_peer, signed)).ok
+            unsigned = PeerTarget("peer x", peer.url + "mas", "s3cret-token")
+            finding = await asyncio.to_thread(check_peer, unsigned)
+            assert not finding.ok
+            assert "signing_secret_file" in finding.why
+            assert "webhook-signature" in peer.requests[0].headers
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok", "says"),
+    [
+        ((403, {"ok": False, "error": "forbidden", "detail": "x"}), False, "403 forbidden: the"),
+        ((404, "not found"), False, "404 without a refusal body: is this the peer's contract URL?"),
+        ((200, {"ok": True}), True, "200: the secret is accepted, but a message of no contract"),
+        ((503, "down"), False, "503: down"),
+        ((302, ""), False, "302: "),
+    ],
+)
+def test_peer_probe_answers(answer: tuple[int, object], ok: bool, says: str) -> None:
+    async def main() -> Finding:
+        async with FakePeer([answer]) as peer:
+            return await asyncio.to_thread(check_peer, PeerTarget("peer x", peer.url, "t"))
+
+    finding = asyncio.run(main())
+    assert finding.ok is ok
+    assert says in finding.why, finding

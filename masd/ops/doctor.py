@@ -11,8 +11,10 @@
   below a host outside ``server.trusted_hosts``, a dmarc result other than
   pass, or automated mail;
 - every DKIM key can be read and signs;
-- the SMTP relay greets, every peer (mode endpoints, masters, webhooks)
-  accepts a connection.
+- the SMTP relay greets; every peer (mode endpoints, masters, webhooks)
+  answers the probe of docs/protocol.md §9.9 (a message of no contract type,
+  with masd's secret) with a refusal other than ``401``/``403``: the secret is
+  accepted and the peer did nothing.
 
 Its running counterpart is :class:`masd.service.trust_watch.TrustWatch`,
 which warns while recent mail carries no trusted result.
@@ -20,15 +22,17 @@ which warns while recent mail carries no trusted result.
 
 from __future__ import annotations
 
+import json
+import secrets
 import socket
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
-from urllib.parse import urlsplit
 
-from masd.config import Config, Listen, TcpListen, UnixListen
-from masd.core import trust
+from masd.config import Config, Endpoint, Listen, MasterPeer, TcpListen, UnixListen, Webhook
+from masd.core import signing, trust
 from masd.core.event import build_event
 from masd.core.times import rfc3339
 from masd.core.trust import TrustCause, TrustSettings
@@ -37,6 +41,8 @@ from masd.store.probe import DoctorStoreError, RecentMessage, check_writable, re
 
 #: Bound of every connection the doctor makes.
 TIMEOUT: Final = 3.0
+#: The ``type`` of the peer probe: no contract message has it (docs/protocol.md §9.9).
+PROBE_TYPE: Final = "masd.probe"
 
 
 @dataclass(frozen=True)
@@ -228,33 +234,103 @@ def check_listeners(config: Config) -> list[Finding]:
     return found
 
 
-def peer_urls(config: Config) -> list[tuple[str, str]]:
-    """(what, url) for every peer masd calls, in config order."""
-    urls = []
+@dataclass(frozen=True)
+class PeerTarget:
+    """A peer masd calls: what the finding names it, its URL, masd's secret and signing keys."""
+
+    what: str
+    url: str
+    token: str = field(repr=False)
+    keys: tuple[bytes, ...] = field(default=(), repr=False)
+
+
+def peer_targets(config: Config) -> list[PeerTarget]:
+    """Every peer masd calls (mode endpoints, masters, webhooks), in config order."""
+    found = []
     for domain in config.domains.values():
         for typ in domain.types.values():
             where = f"{domain.name} type {typ.name}"
-            urls += [(f"peer {where} mode {m}", e.url) for m, e in typ.endpoints.items()]
+            peers: list[tuple[str, Endpoint | MasterPeer | Webhook]] = [
+                (f"peer {where} mode {m}", e) for m, e in typ.endpoints.items()
+            ]
             if typ.master is not None:
-                urls.append((f"peer {where} master", typ.master.url))
-            urls += [(f"peer {where} webhook", w.url) for w in typ.webhooks]
-    return urls
+                peers.append((f"peer {where} master", typ.master))
+            peers += [(f"peer {where} webhook", w) for w in typ.webhooks]
+            found += [PeerTarget(what, p.url, p.token, p.signing.keys) for what, p in peers]
+    return found
 
 
-def check_peer(what: str, url: str) -> Finding:
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+def probe_body() -> bytes:
+    """The probe (docs/protocol.md §9.9): the envelope with a type no contract message has,
+    so a peer can only refuse it, and no case, so there is nothing it could act on."""
+    message = {
+        "mas_modes_version": "0.1",
+        "type": PROBE_TYPE,
+        "id": f"probe-{secrets.token_hex(8)}",
+    }
+    return json.dumps(message).encode()
+
+
+def check_peer(target: PeerTarget, *, now: float | None = None) -> Finding:
+    """POST the probe with masd's secret (and signature): a wrong secret is ``401``/``403``."""
+    import httpx
+
+    what, url = target.what, target.url
+    body = probe_body()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {target.token}"}
+    if target.keys:
+        msg_id = json.loads(body)["id"]
+        stamp = int(time.time() if now is None else now)
+        headers.update(signing.headers(target.keys, msg_id, stamp, body))
     try:
-        socket.create_connection((parts.hostname or "", port), timeout=TIMEOUT).close()
-    except OSError as exc:
-        return Finding(False, what, f"{url}: {exc.strerror or exc}")
-    return Finding(True, what, f"{url} accepts connections")
+        with httpx.Client(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as client:
+            response = client.post(url, content=body, headers=headers)
+    except httpx.HTTPError as exc:
+        return Finding(False, what, f"{url}: {exc}")
+    return _probe_finding(what, url, response.status_code, response.text)
+
+
+def _probe_finding(what: str, url: str, status: int, text: str) -> Finding:
+    error = _refusal_code(text)
+    answered = f"{url} answered the probe {status}" + (f" {error}" if error else "")
+    if status in (401, 403):
+        return Finding(
+            False,
+            what,
+            f"{answered}: the peer refuses masd's secret; is its token_file the peer's secret"
+            " (and its signing_secret_file, if the peer checks signatures)?",
+        )
+    if 400 <= status < 500 and error:
+        return Finding(True, what, f"{answered} (the secret is accepted)")
+    if 400 <= status < 500:
+        return Finding(
+            False, what, f"{answered} without a refusal body: is this the peer's contract URL?"
+        )
+    if 200 <= status < 300:
+        return Finding(
+            True,
+            what,
+            f"{answered}: the secret is accepted, but a message of no contract type was "
+            "too (a conforming peer refuses it with a 4xx)",
+        )
+    return Finding(False, what, f"{answered}: {text.strip()[:200]}")
+
+
+def _refusal_code(text: str) -> str | None:
+    """The ``error`` of a contract refusal body ``{"ok": false, "error": ...}``, or None."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and doc.get("ok") is False and isinstance(doc.get("error"), str):
+        return str(doc["error"])[:80]
+    return None
 
 
 def check_peers(config: Config) -> list[Finding]:
     relay: TcpListen = config.server.smtp_relay
     found = [check_greets("smtp relay", relay)]
-    found += [check_peer(what, url) for what, url in peer_urls(config)]
+    found += [check_peer(target) for target in peer_targets(config)]
     return found
 
 
