@@ -444,3 +444,19 @@ def test_peer_probe_answers(answer: tuple[int, object], ok: bool, says: str) -> 
     finding = asyncio.run(main())
     assert finding.ok is ok
     assert says in finding.why, finding
+
+
+def test_peer_probe_of_a_webhook_prefix() -> None:
+    async def main() -> tuple[Finding, Finding]:
+        async with FakePeer([(404, "not found"), (401, "no")]) as peer:
+            hook = PeerTarget("peer w", peer.url, "t", prefix=True)
+            return (
+                await asyncio.to_thread(check_peer, hook),
+                await asyncio.to_thread(check_peer, hook),
+            )
+
+    found, refused = asyncio.run(main())
+    assert found.ok
+    assert "a webhook URL is a prefix" in found.why
+    assert not refused.ok
+    assert "refuses masd's secret" in refused.why

@@ -242,6 +242,8 @@ class PeerTarget:
     url: str
     token: str = field(repr=False)
     keys: tuple[bytes, ...] = field(default=(), repr=False)
+    #: The URL is a prefix (a transfers webhook's): the master names the URL under it.
+    prefix: bool = False
 
 
 def peer_targets(config: Config) -> list[PeerTarget]:
@@ -256,7 +258,10 @@ def peer_targets(config: Config) -> list[PeerTarget]:
             if typ.master is not None:
                 peers.append((f"peer {where} master", typ.master))
             peers += [(f"peer {where} webhook", w) for w in typ.webhooks]
-            found += [PeerTarget(what, p.url, p.token, p.signing.keys) for what, p in peers]
+            found += [
+                PeerTarget(what, p.url, p.token, p.signing.keys, isinstance(p, Webhook))
+                for what, p in peers
+            ]
     return found
 
 
@@ -287,10 +292,11 @@ def check_peer(target: PeerTarget, *, now: float | None = None) -> Finding:
             response = client.post(url, content=body, headers=headers)
     except httpx.HTTPError as exc:
         return Finding(False, what, f"{url}: {exc}")
-    return _probe_finding(what, url, response.status_code, response.text)
+    return _probe_finding(target, response.status_code, response.text)
 
 
-def _probe_finding(what: str, url: str, status: int, text: str) -> Finding:
+def _probe_finding(target: PeerTarget, status: int, text: str) -> Finding:
+    what, url = target.what, target.url
     error = _refusal_code(text)
     answered = f"{url} answered the probe {status}" + (f" {error}" if error else "")
     if status in (401, 403):
@@ -302,6 +308,13 @@ def _probe_finding(what: str, url: str, status: int, text: str) -> Finding:
         )
     if 400 <= status < 500 and error:
         return Finding(True, what, f"{answered} (the secret is accepted)")
+    if 400 <= status < 500 and target.prefix:
+        return Finding(
+            True,
+            what,
+            f"{answered}: it answers, and did not refuse the secret (a webhook URL is a prefix, "
+            "under which the master names the one masd posts to)",
+        )
     if 400 <= status < 500:
         return Finding(
             False, what, f"{answered} without a refusal body: is this the peer's contract URL?"
