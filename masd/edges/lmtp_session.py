@@ -54,6 +54,7 @@ from aiosmtpd.smtp import SMTP, syntax
 
 from masd.edges.lmtp_replies import RecipientReplies, Replies, ReplyCode
 from masd.edges.lmtp_state import IN_DATA, Event, State, next_state
+from masd.logs import shown
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -251,7 +252,7 @@ class LmtpProtocol(LMTP):
         log.info(
             "LMTP session made no progress for %g s; closed peer=%s",
             self._timeout_duration,
-            self.session and self.session.peer,
+            shown(self.session and self.session.peer),
         )
         if self.transport is not None:
             self.transport.close()
