@@ -94,6 +94,15 @@ class Redactor:
 REDACT: Final = Redactor()
 
 
+#: What a log line writes for a value that is not there (never ``None``).
+ABSENT: Final = "-"
+
+
+def shown(value: object) -> object:
+    """``value`` as a log line writes it: :data:`ABSENT` for None or an empty string."""
+    return ABSENT if value is None or value == "" else value
+
+
 def scrub(text: str, *, escape: bool = True, keep_lines: bool = False) -> str:
     """``text`` with control characters escaped (unless ``escape`` is false: JSON
     escapes them itself) and secrets redacted; ``keep_lines`` keeps LF."""

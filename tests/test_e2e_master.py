@@ -581,3 +581,34 @@ def test_one_transaction_many_recipients_mixed_outcomes(tmp_path: Path) -> None:
             await run.sink.wait_for(3, WAIT)
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+def test_no_log_line_prints_none_for_an_absent_value(tmp_path: Path) -> None:
+    """masd's own statuses (requested, timed-out) have no seq: the line says ``seq=-``."""
+
+    async def main() -> str:
+        async with running(tmp_path, deadline="2s") as run:
+            await run.send("ticket!callback@help.example", ANN, body="phone: 1\n")
+            (request,) = await run.endpoint.wait_for(1, WAIT)
+            response = await run.post_status(request, 1, "scheduled")
+            assert response.status_code == 200, response.text
+            await run.wait_thread(
+                1,
+                lambda es: any(e["kind"] == "status" and e["status"] == "timed-out" for e in es),
+                "timed-out",
+            )
+            await run.endpoint.wait_for(2, WAIT)  # the cancel
+            await run.sink.wait_for(2, WAIT)  # the acknowledgement and the resume mail
+            return run.masd.log()
+
+    log = asyncio.run(main())
+    statuses = [line for line in log.splitlines() if " status case=" in line]
+    # The mode's status is logged on its HTTP message's line; these two masd recorded.
+    seqs = [
+        (line.partition(" status=")[2].split()[0], line.partition(" seq=")[2].split()[0])
+        for line in statuses
+    ]
+    assert seqs == [("requested", "-"), ("timed-out", "-")], statuses
+    assert all(f"case={case_address(1)}" in line for line in statuses), statuses
+    assert [line for line in log.splitlines() if "=None" in line] == []

@@ -22,7 +22,7 @@ from aiosmtpd.lmtp import LMTP
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from masd.edges.lmtp_session import LINE_LIMIT, Data, read_data
+from masd.edges.lmtp_session import LINE_LIMIT, Data, read_data, unstuff
 
 SIZE_LIMIT = 4000
 NEXT = b"MAIL FROM:<next@example.org>\r\n"
@@ -226,3 +226,19 @@ def test_any_body_agrees_with_aiosmtpd(body: bytes, cuts: list[int]) -> None:
         assert left == NEXT
 
     asyncio.run(main())
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(_PIECES | st.sampled_from([b".\r\n.", b"\r\r\n..", b"\n."]), max_size=30).map(
+        b"".join
+    ),
+    st.integers(min_value=1, max_value=40),
+)
+def test_unstuffing_window_by_window_is_one_replace_over_the_whole(
+    data: bytes, window: int
+) -> None:
+    # What read_data hands unstuff: a CR LF, the data, the end-of-data line.
+    body = bytearray(b"\r\n" + data + b"\r\n.\r\n")
+    expected = bytes(body[:-3]).replace(b"\r\n.", b"\r\n")[2:]
+    assert unstuff(body, window) == expected

@@ -6,9 +6,10 @@ memory is read from /proc: idle (after one small mail, so every module is
 loaded), its peak while reading the big mail (``VmHWM``, the high-water mark
 the kernel keeps), and once the mail is recorded.  The peak above idle must
 stay under three times the message, and the memory must come back near idle.
-The figures are printed (``pytest -s``).  The reader's own share is held
-apart (tracemalloc over ``build_event``): the whole path's bound waits on the
-LMTP edge, which the xfail names.
+The figures are printed (``pytest -s``).  The event reader's and the DATA
+reader's own shares are held apart (tracemalloc over ``build_event`` and
+``read_data``); the whole path's peak waits on the store, which the xfail
+names.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from support.masd_process import DOMAIN, MasdProcess, write_secret
 
 from masd.core.event import build_event
 from masd.core.trust import TrustSettings
+from masd.edges.lmtp_session import LINE_LIMIT, UNSTUFF_WINDOW, Data, read_data
 from masd.testing import lmtpclient
 from masd.testing.config import server_table, write_config
 from masd.testing.inbound import mx_trace
@@ -98,13 +100,41 @@ def test_the_reader_holds_a_20_mib_attachment_once() -> None:
     assert peak <= len(big)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the LMTP edge's DATA reader (masd/edges/lmtp_session.py, read_data) holds about "
-    "3.5 copies at once: the bytearray, bytes(body[:-3]), the split into lines for the "
-    "line-length check, then replace and [2:]; the small line objects stay in pymalloc's arenas",
-)
-def test_a_20_mib_attachment_is_read_in_bounded_memory(tmp_path: Path) -> None:
+def test_the_data_reader_holds_the_data_and_the_message() -> None:
+    """The LMTP edge's DATA reader alone: the data as read and the message, nothing more."""
+    big = _mail(random.Random(20).randbytes(20 * MIB))
+    data = (b"\r\n" + big).replace(b"\r\n.", b"\r\n..")[2:] + b".\r\n"
+
+    async def main() -> tuple[Data, int]:
+        reader = asyncio.StreamReader(limit=LINE_LIMIT)  # aiosmtpd's reader limit
+
+        async def feed() -> None:
+            with memoryview(data) as view:
+                for at in range(0, len(data), 64 * 1024):
+                    reader.feed_data(view[at : at + 64 * 1024])
+                    await asyncio.sleep(0)
+
+        tracemalloc.start()
+        try:
+            feeder = asyncio.ensure_future(feed())
+            got = await read_data(reader, None)
+            await feeder
+            return got, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    got, peak = asyncio.run(main())
+    print(f"\nread_data: message {len(big) / MIB:.1f} MiB, peak {peak / MIB:.1f} MiB allocated")
+    assert got.content == big
+    # the data as read (a bytearray, with up to an eighth spare), the message,
+    # and the windows unstuffing moves through
+    assert peak <= 2 * len(big) + len(big) // 8 + 4 * UNSTUFF_WINDOW
+
+
+@pytest.fixture(scope="module")
+def big_delivery(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    """One 20 MiB attachment over LMTP to ``masd serve``: its RSS figures and size."""
+    tmp_path = tmp_path_factory.mktemp("big")
     attachment = random.Random(20).randbytes(20 * MIB)
     big = _mail(attachment)
     small = _mail(b"tiny")
@@ -131,7 +161,7 @@ def test_a_20_mib_attachment_is_read_in_bounded_memory(tmp_path: Path) -> None:
         return {"idle": idle["VmRSS"], "peak": peak["VmHWM"], "after": after["VmRSS"]}
 
     figures = asyncio.run(main())
-    size = len(big)
+    size = figures["size"] = len(big)
     above = figures["peak"] - figures["idle"]
     left = figures["after"] - figures["idle"]
     print(
@@ -141,11 +171,25 @@ def test_a_20_mib_attachment_is_read_in_bounded_memory(tmp_path: Path) -> None:
     )
     db = sqlite3.connect(tmp_path / "masd" / "masd.db")
     try:
-        (stored,) = db.execute(
-            "SELECT length(raw) FROM messages WHERE size = ?", (size,)
-        ).fetchone()
+        (stored,) = db.execute("SELECT raw FROM messages WHERE size = ?", (size,)).fetchone()
     finally:
         db.close()
-    assert stored == size
-    assert above <= 3 * size
-    assert left <= size // 2
+    assert stored == big
+    return figures
+
+
+def test_a_20_mib_attachment_leaves_memory_near_idle(big_delivery: dict[str, int]) -> None:
+    left = big_delivery["after"] - big_delivery["idle"]
+    assert left <= big_delivery["size"] // 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SQLite copies a value in the middle of a row twice as it inserts it (the bound "
+    "value, or the zeroblob it expands, then the row's record); with the mail masd holds that "
+    "is three copies, and SQLite's page cache on top.  A zeroblob that ends the row is not "
+    "expanded: messages.raw as the table's last column (a schema migration) would end it",
+)
+def test_a_20_mib_attachment_is_read_in_bounded_memory(big_delivery: dict[str, int]) -> None:
+    above = big_delivery["peak"] - big_delivery["idle"]
+    assert above <= 3 * big_delivery["size"]

@@ -18,6 +18,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from masd.logs import shown
+
 log = logging.getLogger("masd.limits")
 
 Factory = Callable[[], asyncio.BaseProtocol]
@@ -173,6 +175,6 @@ class _Connection(asyncio.Protocol):
             "%s: no complete request head within %g s; closed peer=%s",
             self._gate.name,
             self._gate.header_timeout,
-            self._transport.get_extra_info("peername"),
+            shown(self._transport.get_extra_info("peername")),
         )
         self._transport.close()

@@ -42,6 +42,7 @@ from masd.edges.lmtp_replies import (
 )
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
+from masd.logs import shown
 from masd.service import Runtime, UnknownCase
 from masd.service.trust_watch import TrustWatch
 from masd.store import Store, StoreError
@@ -286,9 +287,9 @@ class LmtpHandler:
             log.info(
                 "rcpt=%s key=%s message_ref=%s message_id=%s outcome=%s trust=%s",
                 rcpt,
-                done.case_key,
+                shown(done.case_key),
                 done.message_ref,
-                mail.event.message_id,
+                shown(mail.event.message_id),
                 reply.outcome,
                 mail.cause.cause,
                 extra={"case": done.case_key, "message_ref": done.message_ref},

@@ -46,14 +46,15 @@ import logging
 import re
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AnyStr, Final, assert_never
 
 from aiosmtpd.lmtp import LMTP
 from aiosmtpd.smtp import SMTP, syntax
 
-from masd.edges.lmtp_replies import RecipientReplies, Replies, ReplyCode
+from masd.edges.lmtp_replies import RecipientReplies, Replies, ReplyCode, size_refusal
 from masd.edges.lmtp_state import IN_DATA, Event, State, next_state
+from masd.logs import shown
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -141,12 +142,19 @@ _END: Final = b"\r\n.\r\n"
 LINE_LIMIT: Final = 1001
 
 
+#: How much of the message :func:`unstuff` copies at a time.
+UNSTUFF_WINDOW: Final = 1 << 20
+
+
 @dataclass(frozen=True)
 class Data:
     """What :func:`read_data` read: the message, or that it was over the size limit."""
 
     content: bytes = b""
     too_much: bool = False  # over the size limit (answered 552)
+    #: The data's octets as the size limit counts them (aiosmtpd's count:
+    #: dots still stuffed, the end-of-data line off); aiosmtpd does not say it.
+    size: int = field(default=0, compare=False)
 
 
 def _partial_end(tail: bytes | bytearray) -> int:
@@ -155,6 +163,36 @@ def _partial_end(tail: bytes | bytearray) -> int:
         if tail[-size:] == _END[:size]:
             return size
     return 0
+
+
+def unstuff(body: bytearray, window: int = UNSTUFF_WINDOW) -> bytes:
+    """The message in ``body``: a CR LF, the data, then the end-of-data line's ``.\\r\\n``.
+
+    The leading dot of each line goes (RFC 5321 §4.5.2) and so do the CR LF
+    before the data and the end line.  The octets are moved down inside
+    ``body`` itself, ``window`` of them at a time, so besides ``body`` only
+    the message returned is held at once, never a third copy of it.
+    ``body`` is spent.
+    """
+    window = max(window, 3)  # room to step back off a cut and still move on
+    end = len(body) - 3  # the final ".\r\n" off; the last line's CR LF stays
+    read = write = 0
+    while read < end:
+        stop = min(read + window, end)
+        if stop < end:
+            # No cut inside a CR LF ".": the sequences never overlap, so
+            # replacing window by window removes exactly the dots that one
+            # replace over the whole would.
+            if body[stop - 1] == 0x0D:
+                stop -= 1
+            elif body[stop - 2 : stop] == b"\r\n":
+                stop -= 2
+        piece = body[read:stop].replace(b"\r\n.", b"\r\n")
+        body[write : write + len(piece)] = piece
+        write += len(piece)
+        read = stop
+    with memoryview(body) as view:
+        return bytes(view[2:write])
 
 
 async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Data:
@@ -167,7 +205,7 @@ async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Dat
     counted as aiosmtpd counts, and refused data is still read to its end
     but not kept.  Lines may be of any length: the reader's limit only sets
     the size of the pieces read.  A leading dot is removed from each line
-    (RFC 5321 §4.5.2).
+    (:func:`unstuff`).
     """
     body = bytearray(b"\r\n")
     size = 0  # octets read after the leading CR LF
@@ -194,9 +232,8 @@ async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Dat
             # Keep only what finding the end-of-data sequence needs.
             del body[: -(len(_END) - 1)]
     if refused:
-        return Data(too_much=True)
-    content = bytes(body[:-3])  # the final ".\r\n" off; the leading CR LF still on
-    return Data(content=content.replace(b"\r\n.", b"\r\n")[2:])
+        return Data(too_much=True, size=size - 3)
+    return Data(content=unstuff(body), size=size - 3)
 
 
 class LmtpProtocol(LMTP):
@@ -251,7 +288,7 @@ class LmtpProtocol(LMTP):
         log.info(
             "LMTP session made no progress for %g s; closed peer=%s",
             self._timeout_duration,
-            self.session and self.session.peer,
+            shown(self.session and self.session.peer),
         )
         if self.transport is not None:
             self.transport.close()
@@ -311,7 +348,7 @@ class LmtpProtocol(LMTP):
             self._writer.close()  # the connection was lost (aiosmtpd cancels us)
             raise
         if data.too_much:
-            await self.push(self._too_big())
+            await self.push(self._too_big(data.size))
             self.envelope = self._create_envelope()
             return
         self.envelope.content = self.envelope.original_content = data.content
@@ -334,14 +371,15 @@ class LmtpProtocol(LMTP):
             Replies.FAULT, "temporary failure, try again later", self._data_rcpts
         )
 
-    def _too_big(self) -> RecipientReplies:
-        """The answer to data over the size limit, the one limit on the data, for
-        each recipient (docs/protocol.md §3)."""
+    def _too_big(self, size: int) -> RecipientReplies:
+        """The answer to data of ``size`` octets over the size limit, the one limit
+        on the data, for each recipient (docs/protocol.md §3)."""
         rcpts = self._data_rcpts
         handler = self.masd_handler
-        limit = handler.size_limit
-        text = f"message over {limit} octets (server.max_message_bytes)"
-        log.info("message refused: over %d octets, %d recipients", limit, len(rcpts))
+        limit = handler.size_limit or 0
+        text = size_refusal(size, limit)
+        assert text is not None  # read_data refuses only data over a limit
+        log.info("message refused: %d octets, over %d; %d recipients", size, limit, len(rcpts))
         return handler.per_recipient(Replies.TOO_BIG, text, rcpts)
 
     def _lmtp_reply(self, status: str) -> str:

@@ -46,6 +46,7 @@ from masd.edges.mailer import MailTransport, OutboundMail
 from masd.edges.outbox_heads import HeadFinder
 from masd.edges.signature_check import signed_headers
 from masd.edges.smtp import SmtpTransport
+from masd.logs import shown
 from masd.service import OutboxItem, Runtime
 
 log = logging.getLogger("masd.outbox")
@@ -267,7 +268,7 @@ class Outbox:
             log.error(
                 "outbox attempt crashed outbox_id=%s case=%s error=%r",
                 item.id,
-                item.case_key,
+                shown(item.case_key),
                 exc,
                 extra={"case": item.case_key},
             )
@@ -322,7 +323,7 @@ class Outbox:
                     "outbox %s not recorded outbox_id=%s case=%s try=%d again_in=%.1fs error=%s",
                     outcome.result,
                     item.id,
-                    fields["case"],
+                    shown(fields["case"]),
                     failures,
                     delay,
                     json.dumps(str(exc)),
@@ -349,7 +350,7 @@ class Outbox:
         log.info(
             "outbox %s %s",
             result,
-            " ".join(f"{k}={v}" for k, v in _describe(item, outcome.detail).items()),
+            " ".join(f"{k}={shown(v)}" for k, v in _describe(item, outcome.detail).items()),
             extra={"case": item.case_key},
         )
         # Rows this job queued are this loop's to find (an attempt ending

@@ -31,6 +31,7 @@ from masd.core.engine import (
 from masd.core.event import GatewayEvent
 from masd.core.principle10 import CAP_WINDOW_SECONDS, Caps, Counts, Recipient, decide_send
 from masd.core.status import MACHINE
+from masd.logs import shown
 from masd.service.runtime import NO_WAKES, Job, Wakes
 from masd.store import Tx, append_thread, cases, handoffs, messages, outbox
 
@@ -185,8 +186,9 @@ def _status(ap: _Applying, s: Status) -> None:
         case.key,
         s.handoff_id,
         s.status,
-        s.seq,
+        shown(s.seq),
         s.source,
+        extra={"case": case.key},
     )
 
 

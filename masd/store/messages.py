@@ -4,12 +4,23 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, cast
 
 from masd.core.event import GatewayEvent
 from masd.core.slave import IntakeView
+from masd.store.backend import SQLITE
 from masd.store.sql import Tx, dialect, dumps, one, run, value
+
+#: A mail at least this large is written with SQLite's blob I/O (:func:`_insert_sqlite`).
+BLOB_IO_BYTES: Final = 1 << 20
+_INSERT: Final = (
+    "INSERT INTO messages (message_ref, case_key, intake_ref, rcpt_to, mail_from, message_id, "
+    "from_address, sha256, size, raw, event, received_at) VALUES (?,?,?,?,?,?,?,?,?,{},?,?)"
+)
+_INSERT_BOUND: Final = _INSERT.format("?")
+_INSERT_ZEROBLOB: Final = _INSERT.format("zeroblob(?)")
 
 
 def record(
@@ -24,31 +35,46 @@ def record(
     intake_ref: str | None = None,
 ) -> None:
     """Record one recipient's copy of a mail, and its dedupe key."""
-    run(
-        tx,
-        "INSERT INTO messages (message_ref, case_key, intake_ref, rcpt_to, mail_from, message_id, "
-        "from_address, sha256, size, raw, event, received_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            ev.message_ref,
-            case_key,
-            intake_ref,
-            ev.rcpt_to,
-            ev.mail_from,
-            ev.message_id,
-            ev.from_address,
-            sha256,
-            len(raw),
-            raw,
-            dumps(ev.to_json()),
-            now,
-        ),
-    )
+    columns = [
+        ev.message_ref,
+        case_key,
+        intake_ref,
+        ev.rcpt_to,
+        ev.mail_from,
+        ev.message_id,
+        ev.from_address,
+        sha256,
+        len(raw),
+        raw,
+        dumps(ev.to_json()),
+        now,
+    ]
+    if dialect(tx) is SQLITE and len(raw) >= BLOB_IO_BYTES:
+        _insert_sqlite(tx, columns, raw)
+    else:
+        run(tx, _INSERT_BOUND, columns)
     run(
         tx,
         "INSERT INTO deliveries (dedupe, message_ref, at) VALUES (?, ?, ?) "
         "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at",
         (dedupe, ev.message_ref, now),
     )
+
+
+def _insert_sqlite(tx: Tx, columns: list[Any], raw: bytes) -> None:
+    """The row, with ``raw`` written into its pages through SQLite's blob I/O.
+
+    A bound value stays with its prepared statement until the statement is
+    next used: a large mail's copy would be held after it was recorded.  A
+    ``zeroblob`` of its size, then written in place, leaves none behind; its
+    pages are written twice, so a small mail is bound as any value.
+    """
+    columns[9] = len(raw)
+    conn: sqlite3.Connection = cast(Any, tx).conn
+    rowid = conn.execute(_INSERT_ZEROBLOB, columns).lastrowid
+    assert rowid is not None
+    with conn.blobopen("messages", "raw", rowid) as blob:
+        blob.write(raw)
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,9 @@ class Writer:
             batch, stopping = self._take_batch(item)
             if batch:
                 self._serve(batch)
+            # A job done is let go before the wait for the next: what it holds
+            # (a whole mail, for a delivery) is not kept until then.
+            del item, batch
             if self._checkpointer.restart_wanted.is_set() and self._conn is not None:
                 self._checkpointer.restart_wanted.clear()
                 # Between batches the writer holds no transaction, so the

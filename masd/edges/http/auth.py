@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from masd.edges.http.shared import NO_BEARER, HttpRefusal, Route, bearer
+from masd.logs import shown
 from masd.service import Runtime
 from masd.service.peer_directory import Principal
 
@@ -72,7 +73,7 @@ def authenticate(rt: Runtime, routes: Mapping[web.AbstractRoute, Route]) -> Midd
             try:
                 request[PRINCIPAL] = peer(rt, request)
             except HttpRefusal as exc:
-                log.info("message refused remote=%s status=%d", request.remote, exc.status)
+                log.info("message refused remote=%s status=%d", shown(request.remote), exc.status)
                 raise
         return await handler(request)
 

@@ -24,6 +24,7 @@ from masd.edges.http.shared import (
     show,
     stored,
 )
+from masd.logs import shown
 from masd.read import case_views as readside
 from masd.read import feed
 from masd.store import StoreError
@@ -86,7 +87,9 @@ async def _stream(
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     after = feed.parse_cursor(first.next) or 0
-    log.info("feed stream remote=%s after=%s case=%s", request.remote, first.next, case_key)
+    log.info(
+        "feed stream remote=%s after=%s case=%s", shown(request.remote), first.next, shown(case_key)
+    )
     try:
         if first.events:
             await response.write(feed.sse(first))

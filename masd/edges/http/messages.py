@@ -21,6 +21,7 @@ from masd.core.errors import WireError
 from masd.edges.http.auth import PRINCIPAL, peer
 from masd.edges.http.shared import MAX_BODY, MESSAGES_PATH, HttpRefusal, Route, Served, status_of
 from masd.edges.signature_check import check_signature
+from masd.logs import shown
 from masd.service.peer_directory import Principal
 from masd.store import StoreError
 
@@ -91,7 +92,7 @@ async def _envelope(request: web.Request, principal: Principal, clock: Clock) ->
     try:
         _media(request)
     except HttpRefusal as exc:
-        log.info("message refused remote=%s status=%d", request.remote, exc.status)
+        log.info("message refused remote=%s status=%d", shown(request.remote), exc.status)
         raise
     raw = await _read_body(request)
     if raw is None:
@@ -127,7 +128,7 @@ async def messages(request: web.Request, edge: Served) -> web.StreamResponse:
             principal.id,
             env.type,
             env.id,
-            key,
+            shown(key),
             exc.detail,
         )
         raise HttpRefusal("unavailable", f"store: {exc.detail}") from exc
@@ -141,8 +142,8 @@ async def messages(request: web.Request, edge: Served) -> web.StreamResponse:
         principal.id,
         env.type,
         env.id,
-        key,
-        handoff_id,
+        shown(key),
+        shown(handoff_id),
         got.status,
         ",".join(s.status for s in recorded) or "-",
         got.body.get("error", "-"),

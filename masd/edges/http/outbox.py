@@ -15,6 +15,7 @@ from typing import Final
 from aiohttp import web
 
 from masd.edges.http.shared import OUTBOX_PATH, HttpRefusal, Route, Served, int_param, stored
+from masd.logs import shown
 from masd.read import queue_items
 from masd.service import Runtime
 from masd.service import queue_actions as queue
@@ -37,7 +38,7 @@ async def retry_waiting(request: web.Request, edge: Served) -> web.StreamRespons
     now = edge.clock.now()
     done = await stored(edge.store.write(lambda tx: queue.retry_waiting(tx, now)))
     edge.on_commit.committed(done.wakes)
-    log.info("queue retry all remote=%s items=%s", request.remote, len(done.ids))
+    log.info("queue retry all remote=%s items=%s", shown(request.remote), len(done.ids))
     return web.json_response({"ok": True, "retried": done.ids})
 
 
@@ -57,7 +58,9 @@ async def _change(request: web.Request, edge: Served, what: str, job: Change) ->
         raise HttpRefusal(exc.code, exc.detail) from exc
     edge.on_commit.committed(done.wakes)
     item = queue_items.item_json(done.row)
-    log.info("queue %s id=%s remote=%s state=%s", what, item_id, request.remote, item["state"])
+    log.info(
+        "queue %s id=%s remote=%s state=%s", what, item_id, shown(request.remote), item["state"]
+    )
     return web.json_response({"ok": True, "item": item})
 
 
