@@ -92,7 +92,7 @@ CREATE INDEX intakes_pending ON intakes (domain, type, created_at) WHERE case_ke
 CREATE TABLE masd_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL);
 
 -- table messages
-CREATE TABLE messages (
+CREATE TABLE "messages" (
     message_ref  TEXT PRIMARY KEY NOT NULL,
     case_key     TEXT REFERENCES cases (key),
     intake_ref   TEXT,
@@ -102,9 +102,9 @@ CREATE TABLE messages (
     from_address TEXT,
     sha256       TEXT NOT NULL,
     size         INTEGER NOT NULL CHECK (size >= 0),
-    raw          BLOB NOT NULL,
     event        TEXT NOT NULL CHECK (json_valid(event)),
-    received_at  REAL NOT NULL
+    received_at  REAL NOT NULL,
+    raw          BLOB NOT NULL
 ) STRICT;
 
 -- index messages_case

@@ -17,7 +17,7 @@ from masd.store.sql import Tx, dialect, dumps, one, run, value
 BLOB_IO_BYTES: Final = 1 << 20
 _INSERT: Final = (
     "INSERT INTO messages (message_ref, case_key, intake_ref, rcpt_to, mail_from, message_id, "
-    "from_address, sha256, size, raw, event, received_at) VALUES (?,?,?,?,?,?,?,?,?,{},?,?)"
+    "from_address, sha256, size, event, received_at, raw) VALUES (?,?,?,?,?,?,?,?,?,?,?,{})"
 )
 _INSERT_BOUND: Final = _INSERT.format("?")
 _INSERT_ZEROBLOB: Final = _INSERT.format("zeroblob(?)")
@@ -45,9 +45,9 @@ def record(
         ev.from_address,
         sha256,
         len(raw),
-        raw,
         dumps(ev.to_json()),
         now,
+        raw,
     ]
     if dialect(tx) is SQLITE and len(raw) >= BLOB_IO_BYTES:
         _insert_sqlite(tx, columns, raw)
@@ -67,9 +67,11 @@ def _insert_sqlite(tx: Tx, columns: list[Any], raw: bytes) -> None:
     A bound value stays with its prepared statement until the statement is
     next used: a large mail's copy would be held after it was recorded.  A
     ``zeroblob`` of its size, then written in place, leaves none behind; its
-    pages are written twice, so a small mail is bound as any value.
+    pages are written twice, so a small mail is bound as any value.  ``raw``
+    ends the row (migration 3), so the record SQLite builds carries the
+    zeroblob as its size alone, not as that many zero bytes.
     """
-    columns[9] = len(raw)
+    columns[-1] = len(raw)
     conn: sqlite3.Connection = cast(Any, tx).conn
     rowid = conn.execute(_INSERT_ZEROBLOB, columns).lastrowid
     assert rowid is not None

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from masd.store.schema import Migration
 
-__all__ = ["INITIAL", "MIGRATIONS", "READ_SIDE"]
+__all__ = ["INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
 
 #: Migration 1, as released.
 INITIAL = """
@@ -225,7 +225,15 @@ CREATE TRIGGER outbox_sent_kept AFTER DELETE ON outbox FOR EACH ROW
     EXECUTE FUNCTION outbox_sent_kept();
 """
 
+#: Migration 3, as released: nothing changes on PostgreSQL.  SQLite's migration 3 moves
+#: ``messages.raw`` to the row's end so that the value it inserts is not copied as the row is
+#: built; PostgreSQL keeps a large ``BYTEA`` out of line (TOAST) wherever its column stands,
+#: and ``masd db copy`` copies columns by name, so the table stays as it is.  The migration is
+#: recorded all the same, so that a store's version means the same on either kind.
+RAW_LAST = "SELECT 1"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
+    Migration(3, "raw-last", RAW_LAST),
 )

@@ -247,7 +247,49 @@ UPDATE thread SET data = json_set(thread.data, '$.outbox_id', m.id)
     WHERE thread.pos = m.pos;
 """  # noqa: E501
 
+#: Migration 3, as released: ``messages.raw`` as the table's last column.
+#:
+#: SQLite builds a row's record from its values in column order.  A value in
+#: the middle of a row is copied whole as the record is built (for a
+#: ``zeroblob``, expanded into that many zero bytes first); a ``zeroblob``
+#: that ends the row is written as its size alone, and the blob I/O that
+#: follows fills its pages in place (:mod:`masd.store.messages`).  The table
+#: is built anew (SQLite's own procedure for a change ``ALTER TABLE`` cannot
+#: make: create, copy, drop, rename, index), every row with the rowid it had.
+#: No table refers to ``messages`` by a foreign key, and no trigger or view
+#: names it.
+RAW_LAST = """
+CREATE TABLE messages_v3 (
+    message_ref  TEXT PRIMARY KEY NOT NULL,
+    case_key     TEXT REFERENCES cases (key),
+    intake_ref   TEXT,
+    rcpt_to      TEXT NOT NULL,
+    mail_from    TEXT NOT NULL,
+    message_id   TEXT,
+    from_address TEXT,
+    sha256       TEXT NOT NULL,
+    size         INTEGER NOT NULL CHECK (size >= 0),
+    event        TEXT NOT NULL CHECK (json_valid(event)),
+    received_at  REAL NOT NULL,
+    raw          BLOB NOT NULL
+) STRICT;
+
+INSERT INTO messages_v3 (rowid, message_ref, case_key, intake_ref, rcpt_to, mail_from,
+                         message_id, from_address, sha256, size, event, received_at, raw)
+    SELECT rowid, message_ref, case_key, intake_ref, rcpt_to, mail_from,
+           message_id, from_address, sha256, size, event, received_at, raw
+    FROM messages ORDER BY rowid;
+
+DROP TABLE messages;
+
+ALTER TABLE messages_v3 RENAME TO messages;
+
+CREATE INDEX messages_case ON messages (case_key, received_at);
+CREATE INDEX messages_intake ON messages (intake_ref) WHERE intake_ref IS NOT NULL;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
+    Migration(3, "raw-last", RAW_LAST),
 )
