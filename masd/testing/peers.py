@@ -39,6 +39,7 @@ from aiohttp import web
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from masd.config import TcpListen
+from masd.testing.net import free_port
 
 #: An HTTP answer: status code and body (JSON-encoded unless ``bytes`` or ``str``).
 Answer = tuple[int, Any]
@@ -309,7 +310,10 @@ class SmtpSink(_Loopback):
         return None
 
     async def start(self) -> Self:
-        await self._listen(self._port)
+        # A port below the ephemeral range: while the relay is down (set_down), a client's
+        # connection elsewhere on the machine could take a kernel-chosen one, and it could
+        # not listen again.
+        await self._listen(self._port or free_port())
         return self
 
     async def set_down(self, down: bool) -> None:
