@@ -152,6 +152,8 @@ class ServerConfig:
     hostname: str
     max_lmtp_sessions: int = 100
     max_http_connections: int = 1000
+    #: Event-feed followers at once (SSE streams, held long polls); read at each request.
+    max_followers: int = 100
     #: Where ``<domain>.toml`` files are read from; a missing directory is an
     #: error only when ``domains_dir`` was set.
     domains_dir: Path | None = None

@@ -30,6 +30,7 @@ _SERVER_KEYS: Final = frozenset(
         "hostname",
         "max_lmtp_sessions",
         "max_http_connections",
+        "max_followers",
         "domains_dir",
     }
 )
@@ -86,6 +87,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         hostname=hostname,
         max_lmtp_sessions=limits["max_lmtp_sessions"],
         max_http_connections=limits["max_http_connections"],
+        max_followers=limits["max_followers"],
         domains_dir=check.resolve(domains_dir or DEFAULT_DOMAINS_DIR),
         domains_dir_set="domains_dir" in table,
     )
@@ -183,12 +185,13 @@ def _delimiter(check: Checker, table: Mapping[str, Any]) -> str:
 
 
 def _limits(check: Checker, table: Mapping[str, Any]) -> dict[str, int]:
-    """The positive integers: message size, LMTP sessions, HTTP connections."""
+    """The positive integers: message size, LMTP sessions, HTTP connections, feed followers."""
     limits = {}
     for key, default in (
         ("max_message_bytes", 26214400),
         ("max_lmtp_sessions", 100),
         ("max_http_connections", 1000),
+        ("max_followers", 100),
     ):
         limits[key] = check.get(table, PATH, key, int, default)
         if limits[key] <= 0:

@@ -20,6 +20,7 @@ from masd.core.errors import Answer
 from masd.edges.context import EdgeContext
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
+from masd.read.feed_hub import FeedHub
 from masd.service import CommitListener, Runtime
 from masd.store import Store, StoreError
 
@@ -173,7 +174,7 @@ def int_param(request: web.Request, name: str, default: int, low: int, high: int
 @dataclass(frozen=True)
 class Served:
     """What the routes work with: the edge's runtime, store, clock, counters, the
-    listener told of each commit, and the event feed's watch."""
+    listener told of each commit, the event feed's watch and its hub."""
 
     rt: Runtime
     store: Store
@@ -181,10 +182,12 @@ class Served:
     metrics: Metrics
     on_commit: CommitListener
     feed: FeedWatch
+    hub: FeedHub
 
     @classmethod
     def of(cls, ctx: EdgeContext, feed: FeedWatch) -> Served:
-        return cls(ctx.rt, ctx.store, ctx.clock, ctx.metrics, ctx.listener, feed)
+        hub = FeedHub(ctx.store, feed)
+        return cls(ctx.rt, ctx.store, ctx.clock, ctx.metrics, ctx.listener, feed, hub)
 
 
 #: A route's handler: the request, and what it works with.
