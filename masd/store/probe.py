@@ -11,6 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+from urllib.parse import quote
 
 from masd.core.errors import MasdError
 
@@ -42,7 +43,9 @@ def _connect(database: Path) -> sqlite3.Connection:
     if not database.exists():
         raise DoctorStoreError(f"{database} does not exist (masd creates it when it starts)")
     try:
-        db = sqlite3.connect(f"file:{database}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        # The path quoted: a "#" or "?" in it would end the file name of the URI.
+        uri = f"file:{quote(str(database.absolute()))}?mode=rw"
+        db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
     except sqlite3.Error as exc:
         raise DoctorStoreError(f"cannot open {database}: {exc}") from exc
     db.isolation_level = None  # transactions are begun explicitly below

@@ -163,9 +163,13 @@ def int_param(request: web.Request, name: str, default: int, low: int, high: int
     text = request.query.get(name)
     if text is None:
         return default
-    if not text.isascii() or not text.isdigit() or not low <= int(text) <= high:
+    # The length is checked before the conversion: int() refuses (or takes long over)
+    # thousands of digits.
+    digits = text.lstrip("0") or "0"
+    ok = text.isascii() and text.isdigit() and len(digits) <= len(str(high))
+    if not ok or not low <= int(digits) <= high:
         raise bad(name, f"{show(text)} is not an integer from {low} to {high}")
-    return int(text)
+    return int(digits)
 
 
 # ------------------------------------------------------------------ routes
