@@ -44,6 +44,10 @@ log = logging.getLogger("masd.feed")
 TAIL_BYTES: Final = 4 * 1024 * 1024
 #: Events per store read of a follower that is further back than the tail.
 REPLAY_PAGE: Final = 200
+#: Hand-overs to followers a second, at most: with many followers the hub reads less
+#: often (and each follower gets more events at once), so fanning out costs intake
+#: about the same however many follow; 500 followers hear of a commit within 0.25 s.
+FANOUT_PER_SECOND: Final = 2000
 
 
 class FollowersFull(Exception):
@@ -141,7 +145,7 @@ class FeedHub:
                     await asyncio.sleep(POLL_SECONDS)
                 if not full:
                     await self.watch.wait(mark, POLL_SECONDS)
-                    await asyncio.sleep(self._gap)
+                    await asyncio.sleep(max(self._gap, len(self._followers) / FANOUT_PER_SECOND))
         finally:
             self._task = None
             self.started = False
