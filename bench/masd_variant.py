@@ -48,34 +48,41 @@ def _quiet_mail_log() -> None:
     masd.logs.configure_logging = quiet
 
 
+def _wrap_connect(wrap: Any) -> None:
+    """Every store connection (the writer's, the checkpointer's, the readers') through
+    ``wrap(connect)``."""
+    from masd.store import checkpointer, readers
+
+    for module in (checkpointer, readers):
+        module._connect = wrap(module._connect)  # type: ignore[attr-defined]
+
+
 def _sqlite_cache(megabytes: int) -> None:
-    from masd.store import db
+    def wrap(connect: Any) -> Any:
+        def bigger(path: Any, **kwargs: Any) -> Any:
+            conn = connect(path, **kwargs)
+            conn.execute(f"PRAGMA cache_size=-{megabytes * 1024}")
+            conn.execute(f"PRAGMA mmap_size={megabytes * 4 * 1024 * 1024}")
+            return conn
 
-    connect = db._connect
+        return bigger
 
-    def bigger(path: Any, *, query_only: bool = False) -> Any:
-        conn = connect(path, query_only=query_only)
-        conn.execute(f"PRAGMA cache_size=-{megabytes * 1024}")
-        conn.execute(f"PRAGMA mmap_size={megabytes * 4 * 1024 * 1024}")
-        return conn
-
-    db._connect = bigger
+    _wrap_connect(wrap)
 
 
 _EXTRA_ARGS: list[str] = []
 
 
 def _temp_store(value: str) -> None:
-    from masd.store import db
+    def wrap(connect: Any) -> Any:
+        def other(path: Any, **kwargs: Any) -> Any:
+            conn = connect(path, **kwargs)
+            conn.execute(f"PRAGMA temp_store={value}")
+            return conn
 
-    connect = db._connect
+        return other
 
-    def other(path: Any, *, query_only: bool = False) -> Any:
-        conn = connect(path, query_only=query_only)
-        conn.execute(f"PRAGMA temp_store={value}")
-        return conn
-
-    db._connect = other
+    _wrap_connect(wrap)
 
 
 def _store_setting(name: str, value: float) -> None:

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -28,7 +29,9 @@ from urllib.parse import urlsplit
 
 from masd.clock import Clock
 from masd.config import Config, ConfigErrors, load_config
+from masd.config.model import sqlite_path
 from masd.config.reload import restart_needed
+from masd.edges import descriptors
 from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
 from masd.edges.lmtp import LmtpHandler, start_lmtp
@@ -37,6 +40,7 @@ from masd.edges.outbox import Outbox
 from masd.edges.policy import PolicyHandler, PolicyServer, start_policy
 from masd.edges.sockets import SocketActivationError, inherited_sockets
 from masd.edges.timer import DeadlineTimer
+from masd.logs import keep_secrets
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
 from masd.service import PURGE_BATCH, Runtime, Wakes, purge, reloading
@@ -129,6 +133,7 @@ class App:
         self.clock = clock or Clock()
         self.metrics = Metrics()
         self.rt = Runtime(config, new_id)
+        keep_secrets(config)  # no log line shows them from now on
         self.store: Store | None = None
         self.listening: Listening | None = None
         self._stopped = asyncio.Event()
@@ -143,7 +148,9 @@ class App:
                 f"a socket named {unserved[0]!r} was passed, but masd runs no such listener",
                 path="LISTEN_FDNAMES",
             )
-        self.store = await asyncio.to_thread(Store.open, self.config.server.database)
+        self._descriptors(inherited)
+        database = sqlite_path(self.config.server.database, "masd serve")
+        self.store = await asyncio.to_thread(Store.open, database)
         ctx = EdgeContext(self.rt, self.store, self.clock, self.metrics, self.wakeup)
         self.outbox = Outbox(ctx)
         self.timer = DeadlineTimer(ctx)
@@ -207,6 +214,7 @@ class App:
             return reloading.ReloadOutcome(False, (f"reload refused: {source}", *refused))
         for warning in new.warnings:
             log.warning("reload: %s", warning)
+        keep_secrets(new)  # a secret added by the reload is redacted too
         self.rt.replace_config(new)
         self.config = new
         if self.listening is not None:
@@ -214,6 +222,17 @@ class App:
         domains = ", ".join(sorted(new.domains))
         log.info("reloaded %s: domains %s", source, domains)
         return reloading.ReloadOutcome(True, (f"reloaded {source}: domains {domains}",))
+
+    def _descriptors(self, inherited: Mapping[str, socket.socket]) -> None:
+        """Enough open files for the caps of the listeners about to start."""
+        server = self.config.server
+        run = ["lmtp", "http"]
+        run += [n for n, on in (("policy", server.policy), ("milter", server.milter)) if on]
+        wanted = descriptors.need(server, {*run, *inherited})
+        before = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = descriptors.ensure(wanted)
+        if soft != before:
+            log.info("open files: soft limit raised from %d to %d (%s)", before, soft, wanted)
 
     async def _listen(self, ctx: EdgeContext, inherited: Mapping[str, socket.socket]) -> Listening:
         """Start every listener; if one cannot start, close those already started."""
@@ -238,13 +257,19 @@ class App:
             policy: PolicyServer | None = None
             if server.policy is not None or "policy" in inherited:
                 policy = await start_policy(
-                    server.policy, PolicyHandler(ctx), sock=inherited.get("policy")
+                    server.policy,
+                    PolicyHandler(ctx),
+                    sock=inherited.get("policy"),
+                    max_connections=server.max_policy_connections,
                 )
                 started.push_async_callback(policy.close)
             milter: MilterServer | None = None
             if server.milter is not None or "milter" in inherited:
                 milter = await start_milter(
-                    server.milter, MilterServer(ctx), sock=inherited.get("milter")
+                    server.milter,
+                    MilterServer(ctx),
+                    sock=inherited.get("milter"),
+                    max_connections=server.max_milter_connections,
                 )
             started.pop_all()  # every listener is up: they stay open
         return Listening(lmtp, http, policy, milter)

@@ -38,7 +38,7 @@ def test_a_port_in_use_prints_the_error_and_nothing_else(tmp_path: Path, listene
     assert len(lines) == 1, done.stderr
     line = lines[0]
     assert line.startswith("masd: "), line
-    assert f"('127.0.0.1', {port}): address already in use" in line
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line
 
 
 def test_a_unix_socket_in_a_missing_directory_names_the_directory(tmp_path: Path) -> None:

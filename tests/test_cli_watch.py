@@ -119,15 +119,17 @@ def test_tail_prints_the_latest_events_then_follows(tmp_path: Path) -> None:
             assert [e["cursor"] for e in shown] == [e["cursor"] for e in events]
 
             follower = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "masd", "tail", "--follow", "-n", "0", "--json",
+                sys.executable, "-m", "masd", "tail", "--follow", "-n", "1", "--json",
                 "--config", str(run.setup.config),
                 cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
             try:
-                await asyncio.sleep(1.0)  # it has read the end of the feed
-                await run.send("ticket@help.example", BOB, subject="Second")
                 assert follower.stdout is not None
+                # The latest event printed first: the follower has read the end of the feed.
+                (last,) = [json.loads(x) for x in await _lines(follower.stdout, 1)]
+                assert last["cursor"] == events[-1]["cursor"]
+                await run.send("ticket@help.example", BOB, subject="Second")
                 got = [json.loads(x) for x in await _lines(follower.stdout, 2)]
                 assert [e["entry"]["kind"] for e in got] == ["mail.in", "mail.out"]
                 assert got[0]["entry"]["subject"] == "Second"

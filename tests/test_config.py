@@ -244,6 +244,8 @@ def test_defaults(tmp_path: Path) -> None:
     assert server.milter is None
     assert server.max_lmtp_sessions == 100
     assert server.max_http_connections == 1000
+    assert (server.max_policy_connections, server.max_milter_connections) == (100, 100)
+    assert server.log_format == "text"
     assert server.public_url == "http://127.0.0.1:8025"
     assert server.database == Path("/var/lib/masd/masd.db")
     assert server.smtp_relay == TcpListen("127.0.0.1", 25)
@@ -292,6 +294,9 @@ def test_explicit_server_values(secrets_dir: Path) -> None:
             "milter": "unix:milter.sock",
             "max_lmtp_sessions": 7,
             "max_http_connections": 9,
+            "max_policy_connections": 11,
+            "max_milter_connections": 13,
+            "log_format": "json",
             "public_url": "https://masd.help.example/base/",
             "database": "db/masd.db",
             "smtp_relay": "relay.example:587",
@@ -307,6 +312,8 @@ def test_explicit_server_values(secrets_dir: Path) -> None:
     assert server.policy == TcpListen("::1", 10040)
     assert server.milter == UnixListen(secrets_dir / "milter.sock")
     assert (server.max_lmtp_sessions, server.max_http_connections) == (7, 9)
+    assert (server.max_policy_connections, server.max_milter_connections) == (11, 13)
+    assert server.log_format == "json"
     assert server.public_url == "https://masd.help.example/base"
     assert server.database == secrets_dir / "db/masd.db"
     assert server.smtp_relay == TcpListen("relay.example", 587)
@@ -440,6 +447,23 @@ BAD: list[tuple[tuple[str | int, ...], object, str]] = [
         'server.public_url: "http://h/?a=1" must not have a query',
     ),
     (("server", "database"), "", 'server.database: "" is not a file name'),
+    (
+        ("server", "database"),
+        "postgresql://masd:hunter2@db.internal/masd",
+        "server.database: holds a password, which is refused in the URI: put it in "
+        "server.database_password_file (mode 0600), or use libpq's .pgpass",
+    ),
+    (
+        ("server", "database"),
+        "mysql://masd@db.internal/masd",
+        'server.database: "mysql://..." is not a store: give an SQLite file path or a '
+        "postgresql:// URI",
+    ),
+    (
+        ("server", "claim_timeout"),
+        "soon",
+        'server.claim_timeout: "soon" is not a duration (30s, 15m, 2h, 3d)',
+    ),
     (("server", "smtp_relay"), "unix:/run/x", 'server.smtp_relay: "unix:/run/x" is not host:port'),
     (
         ("server", "smtp_relay"),
@@ -833,6 +857,17 @@ BAD += [
         -1,
         "server.max_http_connections: -1 is not a positive integer",
     ),
+    (
+        ("server", "max_policy_connections"),
+        0,
+        "server.max_policy_connections: 0 is not a positive integer",
+    ),
+    (
+        ("server", "max_milter_connections"),
+        "9",
+        'server.max_milter_connections: "9" is not an integer',
+    ),
+    (("server", "log_format"), "xml", 'server.log_format: "xml" is not "text" or "json"'),
     (
         ("server", "milter"),
         "127.0.0.1:8025",

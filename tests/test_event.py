@@ -124,7 +124,8 @@ def test_deep_mime_nesting_stops_at_the_limit() -> None:
 
 
 def test_html_tokens_are_defused() -> None:
-    from masd.core.event import _defuse, _html_to_text
+    from masd.core.htmltext import defuse as _defuse
+    from masd.core.htmltext import html_to_text as _html_to_text
 
     doc = _defuse("a < b <a x='>'<a <!x> <?php ?> <![CDATA[x]]> <!-- <b>c</b> --> <!-- open")
     assert doc == (

@@ -10,7 +10,6 @@ do take the fast path.
 from __future__ import annotations
 
 import re
-from email.utils import getaddresses
 from pathlib import Path
 
 import pytest
@@ -18,14 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from masd.core.comments import _strip_comments_scan
+from masd.core.decoding import b64decode, b64repair
 from masd.core.event import (
     ParsedMail,
     _first_of,
-    _from_fields,
-    _lf,
     _one_line,
     _params,
-    _plain_from,
     _read_params,
     _split_entity,
     _split_lines,
@@ -33,6 +30,7 @@ from masd.core.event import (
     _split_simple,
     build_event,
 )
+from masd.core.mime import lf as _lf
 from masd.core.trust import (
     TrustSettings,
     _split_resinfo_scan,
@@ -56,142 +54,6 @@ def build(raw: bytes) -> ParsedMail:
         message_ref="m-1",
         trust=TRUST,
     )
-
-
-# ---------------------------------------------------------------------------
-# From: _plain_from against email.utils.getaddresses
-
-PLAIN_FROMS = [
-    ("a@example.org", ("", "a@example.org")),
-    ("<a@example.org>", ("", "a@example.org")),
-    ("Pat Kim <pat@example.org>", ("Pat Kim", "pat@example.org")),
-    ("Pat  Kim   <pat@example.org>", ("Pat Kim", "pat@example.org")),
-    ("Pat<pat@example.org>", ("Pat", "pat@example.org")),
-    ('"Kim, Pat" <pat@example.org>', ("Kim, Pat", "pat@example.org")),
-    ('"Kim,  Pat"<pat@example.org>', ("Kim,  Pat", "pat@example.org")),
-    ('"" <a@b.example>', ("", "a@b.example")),
-    ("J. Doe <j.doe@Example.ORG>", ("J. Doe", "j.doe@Example.ORG")),
-    ("=?utf-8?q?Jos=C3=A9?= <j@example.org>", ("=?utf-8?q?Jos=C3=A9?=", "j@example.org")),
-    ("Müller <m@example.org>", ("Müller", "m@example.org")),
-    ("a!#$%&'*+/=?^_`{|}~-@example.org", ("", "a!#$%&'*+/=?^_`{|}~-@example.org")),
-]
-
-NOT_PLAIN_FROMS = [
-    "",
-    "Pat",
-    "a@example.org (Pat Kim)",
-    "Pat (boss) <pat@example.org>",
-    'Pat "Kim" <pat@example.org>',
-    '"Kim \\"P\\"" <pat@example.org>',
-    "Pat <pat@example.org>, Lee <lee@example.org>",
-    "group: a@b.example;",
-    "Pat <a @ b.example>",
-    "Pat <pat@example.org> junk",
-    "Pat <@route.example:a@b.example>",
-    '"quoted local"@example.org',
-    "a@[192.0.2.1]",
-    "a..b@example.org",
-    "a@example.org.",
-    "Müller <m@bücher.example>",
-    "Pat\xa0Kim <a@b.example>",
-    "Pat <a@b.example> ",
-]
-
-
-@pytest.mark.parametrize(("value", "pair"), PLAIN_FROMS)
-def test_plain_from_reads_the_common_forms(value: str, pair: tuple[str, str]) -> None:
-    assert _plain_from(value) == pair
-    assert getaddresses([value]) == [pair]
-
-
-@pytest.mark.parametrize("value", NOT_PLAIN_FROMS)
-def test_plain_from_leaves_the_rest_to_the_parser(value: str) -> None:
-    assert _plain_from(value) is None
-
-
-_FROM_PIECES = [
-    *("Pat", "Kim", "J.", ".", "a", "b", "x.y", "=?utf-8?q?a?=", "é", "\\", "'", "!"),
-    *(" ", "  ", "\t", "\r", "\n", "\x00", "\x0b", "\xa0", "\u2028"),
-    *('"', "<", ">", "@", ",", ":", ";", "(", ")", "[", "]"),
-    *("<a@example.org>", "a@example.org", "@example.org", "a.b@c.d", "<", "example.org>"),
-]
-
-
-@SLOW
-@given(st.lists(st.sampled_from(_FROM_PIECES), max_size=12).map("".join))
-def test_plain_from_agrees_with_getaddresses(value: str) -> None:
-    value = value.replace("\t", " ")  # as _from_fields hands it over
-    pair = _plain_from(value)
-    if pair is not None:
-        assert getaddresses([value]) == [pair]
-
-
-@SLOW
-@given(st.text(max_size=40))
-def test_plain_from_agrees_on_any_text(value: str) -> None:
-    pair = _plain_from(value)
-    if pair is not None:
-        assert getaddresses([value]) == [pair]
-
-
-# Plain From values, some with one character from outside the plain forms
-# put in somewhere, so that both answers of _plain_from are exercised.
-_atoms = st.text(st.sampled_from("PatKim.=?_-é\\'"), min_size=1, max_size=5)
-_dot_atoms = st.lists(
-    st.text(st.sampled_from("abcXY+-_!="), min_size=1, max_size=4), min_size=1, max_size=3
-).map(".".join)
-_addrs = st.builds(lambda local, domain: f"{local}@{domain}", _dot_atoms, _dot_atoms)
-_names = st.one_of(
-    st.just(""),
-    st.lists(_atoms, min_size=1, max_size=3).map(" ".join),
-    st.lists(_atoms, min_size=1, max_size=3).map(lambda ws: '"' + ", ".join(ws) + '"'),
-)
-_plain_shaped = st.one_of(
-    _addrs,
-    st.builds(
-        lambda name, gap, addr: f"{name}{gap}<{addr}>",
-        _names,
-        st.sampled_from(["", " ", "  "]),
-        _addrs,
-    ),
-)
-
-
-def _put_in(value: str, at: int, extra: str) -> str:
-    at %= len(value) + 1
-    return value[:at] + extra + value[at:]
-
-
-_from_values = st.builds(
-    _put_in,
-    _plain_shaped,
-    st.integers(min_value=0, max_value=60),
-    st.sampled_from(["", "", "", *' "<>@,:;()[]\\.\t\r\n\xa0\x00é']),
-)
-
-
-@SLOW
-@given(_from_values)
-def test_plain_from_agrees_on_near_plain_values(value: str) -> None:
-    value = value.replace("\t", " ")
-    pair = _plain_from(value)
-    if pair is not None:
-        assert getaddresses([value]) == [pair]
-
-
-_plain_values = st.sampled_from([v for v, _ in PLAIN_FROMS])
-
-
-@given(st.lists(_plain_values, min_size=1, max_size=4))
-def test_plain_values_compose_like_the_joined_parse(values: list[str]) -> None:
-    # getaddresses joins several From values with ", " before parsing.
-    assert [_plain_from(v) for v in values] == getaddresses(values)
-
-
-def test_from_fields_answers_alike_with_and_without_the_fast_path() -> None:
-    both = ["Pat Kim <pat@Example.ORG>", "a@example.org (comment)"]
-    assert _from_fields(both) == (("pat@example.org", "a@example.org"), "Pat Kim")
-    assert _from_fields(["Pat\tKim <pat@example.org>"]) == (("pat@example.org",), "Pat Kim")
 
 
 # ---------------------------------------------------------------------------
@@ -456,3 +318,24 @@ def test_each_trust_header_alone_is_read(header: str, dmarc: str, automated: boo
     parsed = build(f"From: a@example.org\n{header}\n\nhi\n".encode())
     assert parsed.auth.dmarc == dmarc
     assert parsed.automation.is_automated is automated
+
+
+# ---------------------------------------------------------------------------
+# base64: the in-place C decoder against the repairing path
+
+_B64_PIECES = st.sampled_from(
+    [b"QUJD", b"QQ", b"Q", b"=", b"==", b"\r\n", b" ", b"!", b"\x00", b"\xff", b"+/9z"]
+)
+
+
+@SLOW
+@given(st.lists(_B64_PIECES, max_size=20).map(b"".join))
+def test_b64decode_agrees_with_the_repairing_path(data: bytes) -> None:
+    assert b64decode(data) == b64repair(data)
+    assert b64decode(memoryview(data)) == b64repair(data)
+
+
+@SLOW
+@given(st.binary(max_size=100))
+def test_b64decode_agrees_on_any_bytes(data: bytes) -> None:
+    assert b64decode(data) == b64repair(data)

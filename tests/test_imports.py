@@ -45,7 +45,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "masd": frozenset(),
     "_resources": frozenset(),
     "clock": frozenset(),
-    "logs": frozenset(),
+    # The scrub redacts the secrets a configuration names (masd.logs.keep_secrets).
+    "logs": frozenset({"core", "config"}),
     "cli.text": frozenset(),
     # core/status.py reads the transition table through _resources.
     "core": frozenset({"_resources"}),
@@ -55,7 +56,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "metrics": frozenset({"core", "store"}),
     "service": frozenset({"core", "config", "store", "metrics"}),
     "read": frozenset({"core", "store"}),
-    "edges": frozenset({"masd", "clock", "core", "config", "store", "metrics", "service", "read"}),
+    "edges": frozenset(
+        {"masd", "clock", "logs", "core", "config", "store", "metrics", "service", "read"}
+    ),
     "app": _RUNTIME - {"app"},
     "ops": frozenset({"core", "config", "store", "metrics", "service", "read", "edges"}),
     "testing": _RUNTIME | {"ops"},

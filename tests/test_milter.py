@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import socket
 import struct
@@ -123,14 +124,18 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(tmp_path: Path, listen: TcpListen | UnixListen | None = None) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: Path, listen: TcpListen | UnixListen | None = None, *, cap: int = 100
+) -> AsyncIterator[Rig]:
     config = write_config(tmp_path)
     store = await asyncio.to_thread(Store.open, tmp_path / "masd.db")
     metrics = Metrics()
     rt = Runtime(config, lambda: secrets.token_hex(16))
     ctx = EdgeContext(rt, store, metrics=metrics)
     lmtp = LmtpHandler(ctx)
-    server = await start_milter(listen or TcpListen("127.0.0.1", 0), MilterServer(ctx))
+    server = await start_milter(
+        listen or TcpListen("127.0.0.1", 0), MilterServer(ctx), max_connections=cap
+    )
     try:
         yield Rig(config, store, metrics, server, lmtp)
     finally:
@@ -214,22 +219,98 @@ def test_message_over_the_limit_refused_at_end_of_data(tmp_path: Path) -> None:
 def test_protocol_errors_close_the_connection_not_the_listener(tmp_path: Path) -> None:
     async def main() -> None:
         async with rig(tmp_path) as r:
-            for garbage in (
-                b"\x00\x00\x00\x01Z",  # an unknown command
-                frame(b"R", b"<ticket@help.example>"),  # RCPT before negotiation is fine...
-                struct.pack("!L", 1 << 30) + b"B",  # a frame larger than any buffer
-            ):
-                async with r.mta() as mta:
-                    await mta.send(garbage)
-                    if garbage[4:5] == b"R":
-                        assert await mta.read() == (b"c", b"")
-                        await mta.send(b"\x00\x00\x00\x01Z")
-                    assert await mta.at_eof()
+            async with r.mta() as mta:
+                await mta.start()
+                await mta.send(b"\x00\x00\x00\x01Z")  # an unknown command
+                assert await mta.at_eof()
+            async with r.mta() as mta:
+                await mta.start()
+                await mta.send(struct.pack("!L", 1 << 30) + b"B")  # larger than any buffer
+                assert await mta.at_eof()
             async with r.mta() as mta:  # still listening
                 await mta.start()
                 assert await mta.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
 
     asyncio.run(main())
+
+
+def test_connections_over_the_cap_are_closed_unanswered(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path, cap=2) as r, r.mta() as one, r.mta() as two:
+            for mta in (one, two):
+                await mta.start()
+            async with r.mta() as third:
+                assert await third.at_eof()
+            assert r.metrics.value("masd_connections_refused_total", listener="milter") == 1
+            assert await two.ask(b"R", b"<ticket@help.example>") == (b"c", b"")
+            await one.close()
+            await asyncio.sleep(0.05)
+            async with r.mta() as again:  # under the cap again
+                await again.start()
+
+    asyncio.run(main())
+
+
+def _negotiate(version: int, data: bytes | None = None) -> bytes:
+    payload = b"O" + (struct.pack("!LLL", version, 0x1FF, 0x1FFFFF) if data is None else data)
+    return struct.pack("!L", len(payload)) + payload
+
+
+#: First frames masd closes the connection on, and what its warning says.
+BAD_OPENINGS = (
+    (_negotiate(6, b"\x00\x00\x00\x06"), "a negotiation of 4 octets, not 12"),
+    (_negotiate(6, b""), "a negotiation of 0 octets"),
+    (frame(b"R", b"<ticket@help.example>"), "command b'R' before negotiation"),
+    (frame(b"C", b"client", b"4"), "command b'C' before negotiation"),
+    (b"\x00\x00\x00\x00", "an empty frame"),
+    (_negotiate(0), "protocol version 0; masd needs 2 or later"),
+    (_negotiate(1), "protocol version 1"),
+)
+
+
+def test_a_malformed_or_early_frame_closes_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A short negotiation, a command before negotiation, a version below 2: the
+    connection is closed unanswered, with one warning and no traceback."""
+
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            for opening, why in BAD_OPENINGS:
+                caplog.clear()
+                async with r.mta() as mta:
+                    await mta.send(opening)
+                    assert await mta.at_eof(), why
+                await asyncio.sleep(0.05)  # the server's side logs as it closes
+                warnings = [rec for rec in caplog.records if rec.name == "masd.milter"]
+                assert len(warnings) == 1, (why, [w.getMessage() for w in warnings])
+                assert warnings[0].levelname == "WARNING"
+                assert why in warnings[0].getMessage()
+                assert warnings[0].exc_info is None
+            async with r.mta() as mta:  # version 2 is answered with version 2
+                await mta.send(_negotiate(2))
+                command, data = await mta.read()
+                assert (command, struct.unpack("!L", data[:4])[0]) == (b"O", 2)
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(main())
+
+
+def test_a_short_frame_after_negotiation_is_a_warning_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r, r.mta() as mta:
+            await mta.start()
+            await mta.send(_negotiate(6, b"\x00\x01"))  # negotiating again, cut short
+            assert await mta.at_eof()
+            await asyncio.sleep(0.05)
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(main())
+    lines = [r for r in caplog.records if r.name == "masd.milter"]
+    assert [r.levelname for r in lines] == ["WARNING"], [r.getMessage() for r in lines]
+    assert lines[0].exc_info is None
 
 
 def test_unix_socket_and_listen_errors(tmp_path: Path) -> None:

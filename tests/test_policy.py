@@ -163,14 +163,16 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(tmp_path: Path, listen: TcpListen | UnixListen | None = None) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: Path, listen: TcpListen | UnixListen | None = None, *, cap: int = 100
+) -> AsyncIterator[Rig]:
     config = write_config(tmp_path)
     store = await asyncio.to_thread(Store.open, tmp_path / "masd.db")
     metrics = Metrics()
     rt = Runtime(config, lambda: secrets.token_hex(16))
     handler = PolicyHandler(EdgeContext(rt, store, Clock(), metrics))
     lmtp = LmtpHandler(EdgeContext(rt, store, Clock(), metrics))
-    server = await start_policy(listen or TcpListen("127.0.0.1", 0), handler)
+    server = await start_policy(listen or TcpListen("127.0.0.1", 0), handler, max_connections=cap)
     try:
         yield Rig(config, store, metrics, server, lmtp)
     finally:
@@ -218,6 +220,27 @@ def test_action_for_maps_lmtp_replies_to_access_actions() -> None:
 
 
 # --------------------------------------------------------------------------- the listener
+
+
+def test_connections_over_the_cap_are_deferred_and_closed(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path, cap=2) as r, r.client() as one, r.client() as two:
+            for client in (one, two):
+                assert await client.ask(request("ticket@help.example")) == "DUNNO"
+            async with r.client() as third:
+                assert await third.reply() == (
+                    "DEFER_IF_PERMIT 4.3.2 2 policy connections open "
+                    "(server.max_policy_connections), try again later"
+                )
+                assert await third.at_eof()
+            refused = r.metrics.value("masd_connections_refused_total", listener="policy")
+            assert refused == 1
+            await one.close()
+            await asyncio.sleep(0.05)
+            async with r.client() as again:  # under the cap again
+                assert await again.ask(request("ticket@help.example")) == "DUNNO"
+
+    asyncio.run(main())
 
 
 def test_answers_every_kind_of_recipient_on_one_connection(tmp_path: Path) -> None:

@@ -16,6 +16,9 @@ from support.example import copy_example
 from support.system import require_program
 
 from masd.config import UnixListen, load_config
+from masd.config.checker import Checker
+from masd.config.server import parse_server
+from masd.edges.descriptors import need
 from masd.edges.sockets import LISTENER_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +70,18 @@ def test_service_runs_masd_serve_as_a_notify_service() -> None:
     assert one(SERVICE, "Service", "RuntimeDirectory") == "masd"
     assert one(SERVICE, "Unit", "ConditionPathExists") == "/etc/masd/masd.toml"
     assert one(SERVICE, "Service", "User") == "masd"
+
+
+def test_the_open_files_limit_holds_the_default_caps(tmp_path: Path) -> None:
+    """LimitNOFILE= leaves room for every listener at its default cap, and at the
+    example configuration's caps (masd refuses to start below what they need)."""
+    limit = int(one(SERVICE, "Service", "LimitNOFILE"))
+    listeners = ("lmtp", "http", "policy", "milter")
+    defaults = parse_server(Checker(ROOT), {})
+    example = load_config(copy_example(tmp_path)).server
+    assert need(defaults, listeners).total == 1556  # the figure the unit's comment gives
+    for server in (defaults, example):
+        assert need(server, listeners).total <= limit, need(server, listeners)
 
 
 def test_directories_match_the_example_config(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import click
 from masd import __version__
 from masd.cli.common import CONFIG as _CONFIG
 from masd.cli.common import load as _load
+from masd.cli.db import backup_database, db_copy, migrate_database
 from masd.cli.reload import PID_FILE, reload
 from masd.cli.watch import case, explain, queue, tail
 from masd.config import format_summary
@@ -74,7 +75,7 @@ def serve(config_file: Path, log_level: str, test_clock: bool, pid_file: Path | 
             )
             raise SystemExit(2)
         clock = TestClock()
-    configure_logging(log_level)
+    configure_logging(log_level, config.server.log_format)
     try:
         asyncio.run(App(config, clock=clock, pid_file=pid_file).run())
     except StoreError as exc:
@@ -143,19 +144,20 @@ def demo() -> None:
 
 @main.group()
 def db() -> None:
-    """The store: migrations and backups."""
+    """The store: migrations, backups, copies between SQLite and PostgreSQL."""
+
+
+db.add_command(db_copy)
 
 
 @db.command("migrate")
 @_CONFIG
 def db_migrate(config_file: Path) -> None:
-    """Apply pending migrations to the store named in the config."""
-    from masd.store import StoreError, migrate
-
+    """Apply pending migrations to the store named in the config (SQLite or PostgreSQL)."""
     config = _load(config_file)
     try:
-        applied = migrate(config.server.database)
-    except StoreError as exc:
+        applied = migrate_database(config.server.database)
+    except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
     click.echo(f"applied: {', '.join(applied)}" if applied else "up to date")
@@ -165,13 +167,14 @@ def db_migrate(config_file: Path) -> None:
 @_CONFIG
 @click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
 def db_backup(config_file: Path, dest: Path) -> None:
-    """Copy the store to DEST online (SQLite backup API), while masd runs."""
-    from masd.store import StoreError, backup
+    """Copy the store to DEST online (SQLite backup API), while masd runs.
 
+    A PostgreSQL store is refused: back it up with pg_dump.
+    """
     config = _load(config_file)
     try:
-        backup(config.server.database, dest)
-    except StoreError as exc:
+        backup_database(config.server.database, dest)
+    except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
     click.echo(f"backed up {config.server.database} to {dest}")

@@ -31,11 +31,13 @@ OUTBOX_PATH = "/mas/v0.1/admin/outbox"
 
 def _read_store(config: Config) -> Store:
     """The store, opened to read: never migrated here (``masd db migrate`` does that)."""
-    from masd.store import Store, StoreError
+    from masd.config.model import sqlite_path
+    from masd.core.errors import MasdError
+    from masd.store import Store
 
     try:
-        return Store.open(config.server.database, migrate=False)
-    except StoreError as exc:
+        return Store.open(sqlite_path(config.server.database, "reading cases"), migrate=False)
+    except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
 

@@ -153,10 +153,11 @@ class Checker:
         path = Path(text).expanduser()
         return path if path.is_absolute() else self.base_dir / path
 
-    def read_file(self, path: str, text: str) -> bytes | None:
+    def read_file(self, path: str, text: str, *, private: bool = False) -> bytes | None:
         """The bytes of a secret file; errors for missing or non-regular files.
 
-        A file readable by group or others (``mode & 0o077``) is a warning.
+        A file readable by group or others (``mode & 0o077``) is a warning, or an error
+        when ``private`` (as libpq refuses such a ``.pgpass``).
         """
         if not text:
             self.error(path, '"" is not a file name')
@@ -173,10 +174,11 @@ class Checker:
             return None
         mode = stat.S_IMODE(info.st_mode)
         if mode & 0o077:
-            self.warn(
-                path,
-                f"{file} is readable by group or others (mode {mode:04o}); chmod 600 it",
-            )
+            why = f"{file} is readable by group or others (mode {mode:04o}); chmod 600 it"
+            if private:
+                self.error(path, why)
+                return None
+            self.warn(path, why)
         return data
 
     def secret(self, path: str, text: str, *, kind: str, url: str = "") -> str:

@@ -135,13 +135,39 @@ class DomainConfig:
 
 
 @dataclass(frozen=True)
+class PostgresDatabase:
+    """A PostgreSQL store: its libpq URI (never holding a password) and the password, if
+    ``server.database_password_file`` gives one (else libpq's own means: ``.pgpass``,
+    ``PGPASSFILE``, peer authentication)."""
+
+    uri: str
+    password: str | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        return self.uri
+
+
+#: ``server.database``: an SQLite file, or a PostgreSQL database several hosts share.
+Database = Path | PostgresDatabase
+
+
+def sqlite_path(database: Database, what: str) -> Path:
+    """The SQLite file ``database`` is; refused, naming ``what``, for a PostgreSQL store."""
+    if isinstance(database, Path):
+        return database
+    raise MasdError(
+        f"{what} needs an SQLite store; server.database is {database}", code="store-unavailable"
+    )
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     lmtp: Listen
     http: Listen
     policy: Listen | None
     milter: Listen | None
     public_url: str
-    database: Path
+    database: Database
     smtp_relay: TcpListen
     trusted_authserv_ids: tuple[str, ...]
     trusted_hosts: tuple[str, ...]
@@ -158,6 +184,10 @@ class ServerConfig:
     #: error only when ``domains_dir`` was set.
     domains_dir: Path | None = None
     domains_dir_set: bool = False
+    claim_timeout: float = 30.0
+    max_policy_connections: int = 100
+    max_milter_connections: int = 100
+    log_format: str = "text"  # or "json": one object a line
 
 
 @dataclass(frozen=True)

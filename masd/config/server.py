@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from masd.config.checker import Checker
-from masd.config.model import Listen, ServerConfig, TcpListen, UnixListen
+from masd.config.model import (
+    Database,
+    Listen,
+    PostgresDatabase,
+    ServerConfig,
+    TcpListen,
+    UnixListen,
+)
 from masd.config.names import ascii_host_name, is_host, is_ipv6, join, show
 
 PATH: Final = "server"
@@ -20,6 +28,8 @@ _SERVER_KEYS: Final = frozenset(
         "milter",
         "public_url",
         "database",
+        "database_password_file",
+        "claim_timeout",
         "smtp_relay",
         "trusted_authserv_ids",
         "trusted_hosts",
@@ -32,6 +42,9 @@ _SERVER_KEYS: Final = frozenset(
         "max_http_connections",
         "max_followers",
         "domains_dir",
+        "max_policy_connections",
+        "max_milter_connections",
+        "log_format",
     }
 )
 #: Where domain files are looked for when ``server.domains_dir`` is not set:
@@ -48,9 +61,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
     table = check.table(raw, PATH, _SERVER_KEYS)
     lmtp, http, policy, milter = _listeners(check, table)
     public_url = _public_url(check, table, http)
-    database_text = check.get(table, PATH, "database", str, "/var/lib/masd/masd.db")
-    if not database_text:
-        check.error(join(PATH, "database"), '"" is not a file name')
+    database = _database(check, table)
     smtp_relay = _relay(check, table)
     ids, hosts = _trust(check, table)
     admin_token = None
@@ -65,6 +76,8 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
     domains_dir = check.get(table, PATH, "domains_dir", str, DEFAULT_DOMAINS_DIR)
     if not domains_dir:
         check.error(join(PATH, "domains_dir"), '"" is not a directory name')
+    claim_text = check.get(table, PATH, "claim_timeout", str, "30s")
+    claim_timeout = check.duration(join(PATH, "claim_timeout"), claim_text)
     hostname = check.get(table, PATH, "hostname", str, "localhost")
     try:
         hostname = ascii_host_name(hostname)
@@ -76,7 +89,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         policy=policy,
         milter=milter,
         public_url=public_url,
-        database=check.resolve(database_text or "."),
+        database=database,
         smtp_relay=smtp_relay,
         trusted_authserv_ids=ids,
         trusted_hosts=hosts,
@@ -90,7 +103,86 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         max_followers=limits["max_followers"],
         domains_dir=check.resolve(domains_dir or DEFAULT_DOMAINS_DIR),
         domains_dir_set="domains_dir" in table,
+        claim_timeout=claim_timeout,
+        max_policy_connections=limits["max_policy_connections"],
+        max_milter_connections=limits["max_milter_connections"],
+        log_format=_log_format(check, table),
     )
+
+
+#: The schemes libpq takes for a URI; any other "scheme://" is not a store masd can open.
+POSTGRES_SCHEMES: Final = ("postgresql", "postgres")
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _database(check: Checker, table: Mapping[str, Any]) -> Database:
+    """``database`` (a path or a ``postgresql://`` URI) and ``database_password_file``."""
+    where = join(PATH, "database")
+    text = check.get(table, PATH, "database", str, "/var/lib/masd/masd.db")
+    password_file = check.get(table, PATH, "database_password_file", str, None)
+    if _SCHEME.match(text) is None:
+        if not text:
+            check.error(where, '"" is not a file name')
+        if password_file is not None:
+            check.error(
+                join(PATH, "database_password_file"),
+                "only for a postgresql:// server.database (an SQLite file has no password)",
+            )
+        return check.resolve(text or ".")
+    problem = uri_problem(text)
+    if problem is not None:
+        check.error(where, problem)
+    password = None
+    if password_file is not None:
+        where_file = join(PATH, "database_password_file")
+        data = check.read_file(where_file, password_file, private=True)
+        password = None if data is None else _password(check, where_file, data)
+    return PostgresDatabase(text, password)
+
+
+def uri_problem(text: str, *, hint: str = "server.database_password_file") -> str | None:
+    """Why ``text`` is not a store URI masd takes (never repeating a password), or None."""
+    scheme = text.split("://", 1)[0]
+    if scheme.lower() not in POSTGRES_SCHEMES:
+        return (
+            f"{show(scheme + '://...')} is not a store: give an SQLite file path or a "
+            "postgresql:// URI"
+        )
+    try:
+        parts = urlsplit(text)
+        has_password = parts.password is not None
+    except ValueError:
+        return "is not a postgresql:// URI"
+    if has_password or "password" in parse_qs(parts.query):
+        return (
+            f"holds a password, which is refused in the URI: put it in {hint} (mode 0600), "
+            "or use libpq's .pgpass"
+        )
+    return None
+
+
+def read_password(data: bytes) -> str:
+    """The password a password file holds: its text, less one final newline.
+
+    ``ValueError`` names what is wrong (not UTF-8, empty)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("is not UTF-8 text") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise ValueError("is empty")
+    if "\n" in text or "\x00" in text:
+        raise ValueError("holds more than one line: the password is its one line")
+    return text
+
+
+def _password(check: Checker, where: str, data: bytes) -> str | None:
+    try:
+        return read_password(data)
+    except ValueError as exc:
+        check.error(where, f"the password file {exc}")
+        return None
 
 
 def _listeners(
@@ -185,15 +277,29 @@ def _delimiter(check: Checker, table: Mapping[str, Any]) -> str:
 
 
 def _limits(check: Checker, table: Mapping[str, Any]) -> dict[str, int]:
-    """The positive integers: message size, LMTP sessions, HTTP connections, feed followers."""
+    """The positive integers: message size, the listeners' connection caps, feed followers."""
     limits = {}
     for key, default in (
         ("max_message_bytes", 26214400),
         ("max_lmtp_sessions", 100),
         ("max_http_connections", 1000),
+        ("max_policy_connections", 100),
+        ("max_milter_connections", 100),
         ("max_followers", 100),
     ):
         limits[key] = check.get(table, PATH, key, int, default)
         if limits[key] <= 0:
             check.error(join(PATH, key), f"{limits[key]} is not a positive integer")
     return limits
+
+
+#: ``server.log_format``: the standard library's line, or one JSON object a line.
+LOG_FORMATS: Final = ("text", "json")
+
+
+def _log_format(check: Checker, table: Mapping[str, Any]) -> str:
+    text = check.get(table, PATH, "log_format", str, "text")
+    if text not in LOG_FORMATS:
+        check.error(join(PATH, "log_format"), f'{show(text)} is not "text" or "json"')
+        return "text"
+    return text

@@ -20,31 +20,26 @@ are only read, never changed.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from email.utils import getaddresses
 from typing import Any
 
 from masd.core.errors import EventError
 from masd.core.htmltext import defuse as _defuse  # noqa: F401  (tests read it here)
-from masd.core.htmltext import html_to_text as _html_to_text
 from masd.core.mime import MAX_CONTENT_TYPE, MAX_FILENAME, decode_words, parse_headers
-from masd.core.mime import Leaf as _Leaf
 from masd.core.mime import cap as _cap
-from masd.core.mime import cap_utf8 as _cap_utf8
-from masd.core.mime import decode as _decode
+from masd.core.mime import entity_at as _entity_at
 from masd.core.mime import first_of as _first_of  # noqa: F401  (tests read it here)
-from masd.core.mime import leaves as _leaves
-from masd.core.mime import lf as _lf
 from masd.core.mime import one_line as _one_line
 from masd.core.mime import params as _params  # noqa: F401  (tests read it here)
 from masd.core.mime import read_params as _read_params  # noqa: F401  (tests read it here)
-from masd.core.mime import split_entity as _split_entity
+from masd.core.mime import split_entity as _split_entity  # noqa: F401  (tests read it here)
 from masd.core.mime import split_lines as _split_lines  # noqa: F401  (tests read it here)
 from masd.core.mime import split_multipart as _split_multipart  # noqa: F401  (tests read it here)
 from masd.core.mime import split_simple as _split_simple  # noqa: F401  (tests read it here)
+from masd.core.parts import read_parts
+from masd.core.rfc5322 import mailboxes, msg_id, msg_ids
 from masd.core.trust import (
     AUTOMATION_HEADERS,
     DMARC_RESULTS,
@@ -54,7 +49,6 @@ from masd.core.trust import (
     domain_key,
     read_auth,
     read_automation,
-    strip_comments,
 )
 
 __all__ = [
@@ -157,6 +151,8 @@ class GatewayEvent:
     authserv_id: str | None
     automated: bool
     automated_reason: str | None
+    #: attachments found beyond the MAX_ATTACHMENTS listed (0: the list is whole)
+    attachments_omitted: int = 0
 
     def __post_init__(self) -> None:
         # "encoding is strict (every field bounded)": an event that exists is valid.
@@ -193,10 +189,15 @@ class GatewayEvent:
         if not isinstance(self.automated, bool):
             raise _refuse("automated.is must be a boolean")
         _check_opt_str("automated.reason", self.automated_reason, MAX_REASON)
+        if type(self.attachments_omitted) is not int or self.attachments_omitted < 0:
+            raise _refuse("attachments_omitted must be a non-negative integer")
 
     def to_json(self) -> dict[str, Any]:
-        """The event object exactly as the schema shapes it."""
-        return {
+        """The event object exactly as the schema shapes it.
+
+        ``attachments_omitted`` appears only when attachments were left out,
+        so a whole list reads as it always has."""
+        out: dict[str, Any] = {
             "message_ref": self.message_ref,
             "received_at": self.received_at,
             "mail_from": self.mail_from,
@@ -212,6 +213,9 @@ class GatewayEvent:
             "auth": {"dmarc": self.dmarc, "authserv_id": self.authserv_id},
             "automated": {"is": self.automated, "reason": self.automated_reason},
         }
+        if self.attachments_omitted:
+            out["attachments_omitted"] = self.attachments_omitted
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GatewayEvent:
@@ -257,6 +261,7 @@ class GatewayEvent:
             authserv_id=_get(auth, "authserv_id", "auth.authserv_id"),
             automated=_get(automated, "is", "automated.is"),
             automated_reason=_get(automated, "reason", "automated.reason"),
+            attachments_omitted=data.get("attachments_omitted", 0),
         )
 
 
@@ -301,60 +306,7 @@ def _utf8_len(text: str) -> int:
 
 
 # ---------------------------------------------------------------------------
-# Text
-
-
-def _body_text(leaf: _Leaf) -> str:
-    text = _lf(_decode(leaf.decoded(), leaf.charset))
-    if leaf.content_type == "text/html":
-        text = _html_to_text(text)
-    return _cap_utf8(text.replace("\x00", "\ufffd"), MAX_TEXT_BYTES)
-
-
-def _text_and_attachments(
-    first: Mapping[str, str], body: bytes
-) -> tuple[str, tuple[Attachment, ...]]:
-    """The event's text (the first text/plain part, else the first text/html
-    one) and every other leaf that is not inline text, as attachments."""
-    text = ""
-    body_leaf: _Leaf | None = None
-    html_leaf: _Leaf | None = None
-    leaves = list(_leaves(first, body))
-    for leaf in leaves:
-        if leaf.attachment_like:
-            continue
-        if leaf.content_type == "text/plain":
-            body_leaf = leaf
-            break
-        if leaf.content_type == "text/html" and html_leaf is None:
-            html_leaf = leaf
-    body_leaf = body_leaf or html_leaf
-    if body_leaf is not None:
-        text = _body_text(body_leaf)
-
-    attachments: list[Attachment] = []
-    for leaf in leaves:
-        if len(attachments) >= MAX_ATTACHMENTS:
-            break
-        if leaf is body_leaf:
-            continue
-        if leaf.attachment_like or not leaf.content_type.startswith("text/"):
-            data = leaf.decoded()
-            attachments.append(
-                Attachment(
-                    filename=leaf.filename,
-                    content_type=leaf.content_type,
-                    size=len(data),
-                    sha256=hashlib.sha256(data).hexdigest(),
-                )
-            )
-    return text, tuple(attachments)
-
-
-# ---------------------------------------------------------------------------
 # Addresses and ids
-
-_MSG_ID = re.compile(r"<[^<>\s]*>")
 
 
 def _address_key(address: str) -> str:
@@ -365,92 +317,33 @@ def _address_key(address: str) -> str:
     return f"{local}@{domain_key(domain)}"
 
 
-# The plain From forms, in which email.utils.getaddresses finds exactly one
-# (name, address) pair that can be read off the text (see _plain_from):
-# ``local@domain`` or ``[phrase] <local@domain>``, the phrase being one
-# quoted string or atoms separated by spaces.  Local part and domain are
-# ASCII dot-atoms (RFC 5322 §3.2.3), so the parser keeps them as written.
-_DOT_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
-_ADDR_SPEC = rf"{_DOT_ATOM}@{_DOT_ATOM}"
-# An atom of a phrase as the parser reads it, less every whitespace character.
-_PHRASE_ATOM = r'[^\s()<>@,:;"\[\]]+'
-_PLAIN_FROM = re.compile(
-    rf"(?P<bare>{_ADDR_SPEC})"
-    r'|(?:"(?P<quoted>[^"\\\r\n]*)"[ ]*'
-    rf"|(?P<atoms>{_PHRASE_ATOM}(?:[ ]+{_PHRASE_ATOM})*)[ ]*)?"
-    rf"<(?P<angle>{_ADDR_SPEC})>"
-)
-
-
-def _plain_from(value: str) -> tuple[str, str] | None:
-    """``getaddresses([value])``'s one pair for a plain From value, else None.
-
-    Where it answers, the stdlib parser (``email._parseaddr``) reads the same:
-    a bare dot-atom address gives ``("", address)``; before ``<``, a quoted
-    string without backslash or CR is its inner text, and atoms (runs of
-    characters outside its phrase ends ``()<>@,:;"[]`` and whitespace, "."
-    included) are joined with one space; the route-addr is the address as
-    written.  The caller has turned tabs into spaces already.
-    tests/test_event_fast.py checks it against ``getaddresses``.
-    """
-    m = _PLAIN_FROM.fullmatch(value)
-    if m is None:
-        return None
-    bare, quoted, atoms, angle = m.group("bare", "quoted", "atoms", "angle")
-    if bare is not None:
-        return "", bare
-    if quoted is not None:
-        return quoted, angle
-    return (" ".join(atoms.split()) if atoms else ""), angle
-
-
 def _from_fields(values: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
     """(every From address, display name of the first) from the From headers."""
-    if not values:
-        return (), None
-    # The stdlib address parser recurses once per nested comment: values
-    # with many comments lose them first (names in comments are rare).
-    values = [(strip_comments(v) if v.count("(") > 32 else v).replace("\t", " ") for v in values]
-    # getaddresses parses the values joined with ", "; values that are each
-    # one plain address give their pairs in order (a "," after a plain
-    # address only ends it), so the parser is needed only for the others.
-    pairs: list[tuple[str, str]] = []
-    for value in values:
-        pair = _plain_from(value)
-        if pair is None:
-            pairs = getaddresses(values)
-            break
-        pairs.append(pair)
     addresses: list[str] = []
     first_name: str | None = None
-    for name, addr in pairs:
-        addr = _one_line(addr)
-        if not addr or "@" not in addr:
-            continue
-        if not addresses:
-            first_name = _cap(_one_line(decode_words(name)), MAX_NAME) or None
-        addresses.append(_address_key(addr))
+    for value in values:
+        for box in mailboxes(value):
+            addr = _one_line(box.address)
+            if not addr:
+                continue
+            if not addresses:
+                first_name = _cap(_one_line(decode_words(box.name)), MAX_NAME) or None
+            addresses.append(_address_key(addr))
     return tuple(addresses), first_name
 
 
 def _msg_id(value: str | None) -> str | None:
-    """The first ``<id>`` of a header, with its brackets; a bare id gets them."""
+    """The first message id of a header, as ``<id>`` (damaged ones repaired)."""
     if value is None:
         return None
-    m = _MSG_ID.search(value)
-    if m is not None:
-        found = m.group()
-        return _cap(found, MAX_MESSAGE_ID) if len(found) > 2 else None
-    bare = _one_line(value)
-    if bare and not any(c.isspace() for c in bare):
-        return _cap(f"<{bare}>", MAX_MESSAGE_ID)
-    return None
+    found = msg_id(_one_line(value))
+    return _cap(found, MAX_MESSAGE_ID) if found else None
 
 
 def _references(value: str | None) -> tuple[str, ...]:
     if value is None:
         return ()
-    ids = [_cap(m.group(), MAX_MESSAGE_ID) for m in _MSG_ID.finditer(value) if len(m.group()) > 2]
+    ids = [_cap(i, MAX_MESSAGE_ID) for i in msg_ids(_one_line(value))]
     if len(ids) > MAX_REFERENCES:
         # Keep the thread root and the most recent ancestors (RFC 5322 §3.6.4).
         ids = [ids[0], *ids[-(MAX_REFERENCES - 1) :]]
@@ -482,7 +375,7 @@ def build_event(
     Never refuses the message for its content.  ``EventError`` (code
     ``invalid-event``) only for a bad ``received_at`` or ``message_ref``.
     """
-    headers, body = _split_entity(raw)
+    headers, body = _entity_at(raw, 0, len(raw))
     first: dict[str, str] = {}
     from_values: list[str] = []
     for name, value in headers:
@@ -501,7 +394,8 @@ def build_event(
     auto_headers = headers if not AUTOMATION_HEADERS.isdisjoint(first) else ()
     automation = read_automation(auto_headers, envelope_from)
 
-    text, attachments = _text_and_attachments(first, body)
+    parts = read_parts(first, raw, body, text_limit=MAX_TEXT_BYTES, limit=MAX_ATTACHMENTS)
+    attachments = tuple(Attachment(*listed) for listed in parts.attachments)
 
     subject = first.get("subject")
     date = first.get("date")
@@ -517,8 +411,9 @@ def build_event(
         from_name=from_name,
         subject=_cap(_one_line(decode_words(subject)), MAX_SUBJECT) if subject else "",
         date=(_cap(_one_line(date), MAX_DATE) or None) if date is not None else None,
-        text=text,
+        text=parts.text,
         attachments=attachments,
+        attachments_omitted=parts.omitted,
         dmarc=auth.dmarc,
         authserv_id=_cap(auth.authserv_id, MAX_AUTHSERV_ID) if auth.authserv_id else None,
         automated=automation.is_automated,

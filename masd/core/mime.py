@@ -16,7 +16,6 @@ cached :func:`params`), it answers exactly as the general code would;
 from __future__ import annotations
 
 import binascii
-import codecs
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
@@ -24,6 +23,8 @@ from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from masd.core.comments import strip_comments
+from masd.core.decoding import b64decode, decode, scrub
+from masd.core.uu import UU_ENCODINGS, uudecode
 
 __all__ = [
     "MAX_CONTENT_TYPE",
@@ -36,9 +37,11 @@ __all__ = [
     "cap_utf8",
     "decode",
     "decode_words",
+    "entity_at",
     "first_of",
     "leaves",
     "lf",
+    "multipart_spans",
     "one_line",
     "params",
     "parse_headers",
@@ -56,83 +59,9 @@ MAX_CONTENT_TYPE = 255  # RFC 6838 §4.2: type and subtype of 127 each
 #: (mixed > alternative > related); the limit bounds the work on hostile mail.
 MAX_MIME_DEPTH = 16
 #: Leaf parts looked at; later ones are ignored (the raw message keeps them).
-MAX_PARTS = 1000
-
-
-# ---------------------------------------------------------------------------
-# Charsets
-
-
-# Labels that are lies in practice (as the WHATWG Encoding Standard treats
-# them): us-ascii mail is often UTF-8, "ISO-8859-1" is windows-1252, and
-# Shift_JIS / GB2312 / EUC-KR mail uses the vendor supersets.
-_SUPERSETS = {
-    "ascii": "utf-8",
-    "iso8859-1": "cp1252",
-    "shift_jis": "cp932",
-    "gb2312": "gb18030",
-    "gbk": "gb18030",
-    "euc_kr": "cp949",
-}
-# Text codecs that are not mail charsets and could turn text into escapes.
-_NOT_CHARSETS = frozenset({"unicode-escape", "raw-unicode-escape", "idna", "punycode", "undefined"})
-
-
-@lru_cache(maxsize=256)
-def _codec(label: str) -> str:
-    """The Python codec for a MIME charset label; unknown labels give UTF-8."""
-    name = label.strip().strip("\"'").lower()
-    if not name or len(name) > 64:
-        return "utf-8"
-    try:
-        info = codecs.lookup(name)
-    except LookupError:
-        return "utf-8"
-    if not info._is_text_encoding or info.name in _NOT_CHARSETS:
-        return "utf-8"
-    return _SUPERSETS.get(info.name, info.name)
-
-
-def decode(data: bytes, charset: str | None) -> str:
-    """Bytes to text, never failing: bad bytes become U+FFFD."""
-    if not data:
-        return ""
-    codec = _codec(charset) if charset else "utf-8"
-    try:
-        text = data.decode(codec, "replace")
-    except (UnicodeError, LookupError, ValueError, TypeError):
-        text = data.decode("utf-8", "replace")
-    return _scrub(text)
-
-
-def _scrub(text: str) -> str:
-    """Replace lone surrogates (some codecs produce them) so the text is UTF-8."""
-    if text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
-
-
-def b64decode(data: bytes) -> bytes:
-    """Tolerant base64: junk characters are skipped and padding repaired."""
-    clean = data.translate(None, _B64_JUNK)
-    extra = len(clean) % 4
-    if extra == 1:
-        clean = clean[:-1]
-        extra = 0
-    if extra:
-        clean += b"=" * (4 - extra)
-    try:
-        return binascii.a2b_base64(clean)
-    except binascii.Error:
-        return b""
-
-
-_B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-_B64_JUNK = bytes(b for b in range(256) if b not in _B64_ALPHABET)
+#: Far above the event's list of attachments, so the parts it leaves out are
+#: counted, not lost unseen.
+MAX_PARTS = 10000
 
 
 # ---------------------------------------------------------------------------
@@ -185,27 +114,61 @@ _HEADER_NAME = re.compile(rb"([\x21-\x39\x3b-\x7e]+)[ \t]*:")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]+")
 
 
+# An encoded word as bytes, its text possibly holding raw 8-bit bytes.
+_ENCODED_WORD_BYTES = re.compile(rb"=\?([^?\s]+)\?([bBqQ])\?([^?\s]*)\?=")
+_EIGHT_BIT = re.compile(rb"[\x80-\xff]")
+
+
+def _word_bytes(m: re.Match[bytes]) -> bytes:
+    """An encoded word with its raw 8-bit bytes written as Q escapes of themselves.
+
+    Software that writes 8-bit text into a Q word means the bytes in the
+    word's charset, which is what ``=XX`` says; in a B word they are not
+    base64 and are dropped (as b64decode would)."""
+    text = m.group(3)
+    if m.group(2) in b"qQ":
+        text = _EIGHT_BIT.sub(lambda b: b"=%02X" % b.group()[0], text)
+    else:
+        text = _EIGHT_BIT.sub(b"", text)
+    return b"=?" + m.group(1) + b"?" + m.group(2) + b"?" + text + b"?="
+
+
 def _header_text(raw: bytes) -> str:
     if raw.isascii():
         return raw.decode("ascii")
+    if b"=?" in raw:
+        # Encoded words are decoded from bytes: an 8-bit byte inside one
+        # belongs to the word's charset, not to the UTF-8 guess below.
+        raw = _ENCODED_WORD_BYTES.sub(_word_bytes, raw)
+        if raw.isascii():
+            return raw.decode("ascii")
     # RFC 6532 allows UTF-8 in headers; other 8-bit bytes are a guess at best.
-    return _scrub(raw.decode("utf-8", "replace"))
+    return scrub(raw.decode("utf-8", "replace"))
 
 
-def split_entity(data: bytes) -> tuple[list[tuple[str, str]], bytes]:
+Headers = list[tuple[str, str]]
+
+
+def split_entity(data: bytes) -> tuple[Headers, bytes]:
     """(headers, body) of one entity: names as written, values unfolded.
 
     Headers end at the first empty line.  A line that is neither a header nor
     a continuation starts the body (as the stdlib parser does), and an mbox
     ``From `` line at the very top is skipped.
     """
-    if data.startswith(b"From "):
-        nl = data.find(b"\n")
-        data = data[nl + 1 :] if nl >= 0 else b""
-    simple = split_simple(data)
+    headers, body = entity_at(data, 0, len(data))
+    return headers, data[body:]
+
+
+def entity_at(data: bytes, start: int, end: int) -> tuple[Headers, int]:
+    """``split_entity`` of ``data[start:end]`` without copying it: the body's offset."""
+    if data.startswith(b"From ", start, end):
+        nl = data.find(b"\n", start, end)
+        start = nl + 1 if nl >= 0 else end
+    simple = _simple_at(data, start, end)
     if simple is not None:
         return simple
-    return split_lines(data)
+    return _lines_at(data, start, end)
 
 
 # The end of a header block: the line break before the first empty line.
@@ -218,7 +181,7 @@ _LONE_CR = re.compile(r"\r(?!\n)")
 _FIELD = re.compile(r"([\x21-\x39\x3b-\x7e]+)[ \t]*:([^\n]*(?:\n[ \t][^\n]*)*)\n|([^\n]*\n)")
 
 
-def split_simple(data: bytes) -> tuple[list[tuple[str, str]], bytes] | None:
+def split_simple(data: bytes) -> tuple[Headers, bytes] | None:
     """``split_lines`` for the common entity, in a few C-level passes; else None.
 
     It answers only when the headers end at an empty line, every line above
@@ -234,11 +197,16 @@ def split_simple(data: bytes) -> tuple[list[tuple[str, str]], bytes] | None:
     do).  None (no empty line, a line that is not a header, 8-bit or
     malformed headers, a lone CR) means "ask ``split_lines``".
     """
-    end = _BLOCK_END.search(data)
+    found = _simple_at(data, 0, len(data))
+    return None if found is None else (found[0], data[found[1] :])
+
+
+def _simple_at(data: bytes, start: int, stop: int) -> tuple[Headers, int] | None:
+    end = _BLOCK_END.search(data, start, stop)
     if end is None:
         return None
     try:
-        text = data[: end.start() + 1].decode("utf-8")
+        text = data[start : end.start() + 1].decode("utf-8")
     except UnicodeDecodeError:
         return None
     if "\r" in text:
@@ -252,18 +220,21 @@ def split_simple(data: bytes) -> tuple[list[tuple[str, str]], bytes] | None:
         if "\n" in value:
             value = value.replace("\n", "")
         headers.append((name, value.strip(" \t")))
-    return headers, data[end.end() :]
+    return headers, end.end()
 
 
-def split_lines(data: bytes) -> tuple[list[tuple[str, str]], bytes]:
+def split_lines(data: bytes) -> tuple[Headers, bytes]:
     """``split_entity`` line by line, for any bytes at all."""
-    headers: list[tuple[str, str]] = []
-    pos = 0
-    n = len(data)
+    headers, body = _lines_at(data, 0, len(data))
+    return headers, data[body:]
+
+
+def _lines_at(data: bytes, pos: int, n: int) -> tuple[Headers, int]:
+    headers: Headers = []
     name = b""
     parts: list[bytes] = []
     while pos < n:
-        nl = data.find(b"\n", pos)
+        nl = data.find(b"\n", pos, n)
         end = n if nl < 0 else nl
         nxt = n if nl < 0 else nl + 1
         line = data[pos:end]
@@ -285,7 +256,7 @@ def split_lines(data: bytes) -> tuple[list[tuple[str, str]], bytes]:
         pos = nxt
     if name:
         headers.append(_header_pair(name, parts))
-    return headers, data[pos:]
+    return headers, pos
 
 
 def _header_pair(name: bytes, parts: list[bytes]) -> tuple[str, str]:
@@ -386,18 +357,22 @@ class Leaf(NamedTuple):
     disposition: str
     filename: str | None
     encoding: str
-    body: bytes
+    #: the part's body as it stands in the message (a view, not a copy)
+    body: memoryview
 
     def decoded(self) -> bytes:
         if self.encoding == "base64":
             return b64decode(self.body)
         if self.encoding == "quoted-printable":
             return binascii.a2b_qp(self.body)
-        return self.body
+        if self.encoding in UU_ENCODINGS:
+            return uudecode(bytes(self.body))
+        return bytes(self.body)
 
     @property
-    def attachment_like(self) -> bool:
-        return self.disposition == "attachment" or self.filename is not None
+    def is_attachment(self) -> bool:
+        """Marked ``Content-Disposition: attachment`` (a filename alone is not)."""
+        return self.disposition == "attachment"
 
 
 def first_of(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
@@ -411,44 +386,63 @@ def first_of(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
 _NO_PARAMS: Mapping[str, str] = {}
 
 
-def leaves(first: Mapping[str, str], body: bytes) -> Iterator[Leaf]:
-    """The leaf parts of a message in document order, iteratively.
+def leaves(first: Mapping[str, str], data: bytes, start: int = 0) -> Iterator[Leaf]:
+    """The leaf parts of the message body ``data[start:]`` in document order.
 
     RFC 2045 §5.2: a missing or unparseable Content-Type means text/plain;
-    a multipart without a boundary is treated the same way.  message/* parts
-    are leaves: an attached message is one attachment, and its own parts are
-    never mistaken for the body.  A missing close delimiter ends the last
-    part at the end of the entity (RFC 2046 §5.1.1 asks for one; mail
-    without it is common enough).
+    inside multipart/digest the default is message/rfc822 (RFC 2046
+    §5.1.5).  A multipart without a boundary parameter, or whose boundary
+    never occurs, is all preamble: it is read as text/plain, nothing of it
+    lost (one with only whitespace in it has nothing to read).  message/*
+    parts are leaves: an attached message is one attachment, and its own
+    parts are never mistaken for the body.  A missing close delimiter ends
+    the last part at the end of the entity (RFC 2046 §5.1.1 asks for one;
+    mail without it is common enough).
+
+    Parts are offsets into ``data``, never copies: a leaf's body is a
+    memoryview of it, so a large attachment is held once.
     """
     # ``first`` is the entity's first_of map, built once per entity.
-    stack: list[tuple[Mapping[str, str], bytes, int]] = [(first, body, 0)]
+    Span = tuple[Mapping[str, str], int, int, int, str]
+    stack: list[Span] = [(first, start, len(data), 0, "text/plain")]
+    view = memoryview(data)
     count = 0
     while stack and count < MAX_PARTS:
-        hdrs, data, depth = stack.pop()
+        hdrs, lo, hi, depth, default = stack.pop()
         ctype_raw = hdrs.get("content-type")
-        ctype, cparams = params(ctype_raw) if ctype_raw else ("text/plain", _NO_PARAMS)
+        ctype, cparams = params(ctype_raw) if ctype_raw else (default, _NO_PARAMS)
         if "/" not in ctype or len(ctype) > MAX_CONTENT_TYPE or not ctype.isascii():
-            ctype, cparams = "text/plain", _NO_PARAMS
-        boundary = cparams.get("boundary", "")
+            ctype, cparams = default, _NO_PARAMS
         if ctype.startswith("multipart/"):
-            if not boundary:
-                ctype = "text/plain"
+            spans = multipart_spans(data, cparams.get("boundary", ""), lo, hi)
+            if not spans:
+                if _BLANK.fullmatch(data, lo, hi):
+                    continue  # nothing: an inner multipart that reused its parent's boundary
+                ctype = "text/plain"  # all preamble
             elif depth < MAX_MIME_DEPTH:
-                parts = split_multipart(data, boundary)
-                for part in reversed(parts):
-                    part_headers, part_body = split_entity(part)
-                    stack.append((first_of(part_headers), part_body, depth + 1))
+                inner = "message/rfc822" if ctype == "multipart/digest" else "text/plain"
+                for part_lo, part_hi in reversed(spans):
+                    part_headers, body = entity_at(data, part_lo, part_hi)
+                    stack.append((first_of(part_headers), body, part_hi, depth + 1, inner))
                 continue
-        disp_raw = hdrs.get("content-disposition")
-        disposition, dparams = params(disp_raw) if disp_raw else ("", _NO_PARAMS)
-        filename = dparams.get("filename") or cparams.get("name")
-        if filename is not None:
-            filename = cap(one_line(decode_words(filename)), MAX_FILENAME) or None
-        cte = hdrs.get("content-transfer-encoding")
-        encoding = strip_comments(cte).strip().lower() if cte else ""
         count += 1
-        yield Leaf(ctype, cparams.get("charset"), disposition, filename, encoding, data)
+        yield _leaf(hdrs, ctype, cparams, view[lo:hi])
+
+
+_BLANK = re.compile(rb"[ \t\r\n]*")
+
+
+def _leaf(
+    hdrs: Mapping[str, str], ctype: str, cparams: Mapping[str, str], body: memoryview
+) -> Leaf:
+    disp_raw = hdrs.get("content-disposition")
+    disposition, dparams = params(disp_raw) if disp_raw else ("", _NO_PARAMS)
+    filename = dparams.get("filename") or cparams.get("name")
+    if filename is not None:
+        filename = cap(one_line(decode_words(filename)), MAX_FILENAME) or None
+    cte = hdrs.get("content-transfer-encoding")
+    encoding = strip_comments(cte).strip().lower() if cte else ""
+    return Leaf(ctype, cparams.get("charset"), disposition, filename, encoding, body)
 
 
 # What follows "--" boundary on a delimiter line: "--" if it closes, then
@@ -456,8 +450,8 @@ def leaves(first: Mapping[str, str], body: bytes) -> Iterator[Leaf]:
 _DELIMITER_TAIL = re.compile(rb"(--)?[ \t]*\r?(?=\n|\Z)")
 
 
-def _delimiters(data: bytes, boundary: str) -> Iterator[tuple[int, int, bool]]:
-    """(start, end, closes) of each delimiter line, as one regex would find them.
+def _delimiters(data: bytes, boundary: str, lo: int, hi: int) -> Iterator[tuple[int, int, bool]]:
+    """(start, end, closes) of each delimiter line in ``data[lo:hi]``, as one regex would.
 
     That regex, ``^--BOUNDARY(--)?[ \\t]*\\r?$`` (MULTILINE), would be
     compiled anew for every message (boundaries are unique), which costs more
@@ -468,12 +462,13 @@ def _delimiters(data: bytes, boundary: str) -> Iterator[tuple[int, int, bool]]:
     """
     needle = b"--" + boundary.encode("utf-8", "replace")
     tail = _DELIMITER_TAIL.match
-    pos = 0
+    pos = lo
     while True:
-        start = data.find(needle, pos)
+        start = data.find(needle, pos, hi)
         if start < 0:
             return
-        m = tail(data, start + len(needle)) if start == 0 or data[start - 1] == 0x0A else None
+        at_line = start == lo or data[start - 1] == 0x0A
+        m = tail(data, start + len(needle), hi) if at_line else None
         if m is None:
             pos = start + 1
             continue
@@ -482,24 +477,32 @@ def _delimiters(data: bytes, boundary: str) -> Iterator[tuple[int, int, bool]]:
 
 
 def split_multipart(data: bytes, boundary: str) -> list[bytes]:
-    parts: list[bytes] = []
+    """The parts between the delimiter lines; none when the boundary never occurs."""
+    return [data[lo:hi] for lo, hi in multipart_spans(data, boundary, 0, len(data))]
+
+
+def multipart_spans(data: bytes, boundary: str, lo: int, hi: int) -> list[tuple[int, int]]:
+    """``split_multipart`` of ``data[lo:hi]`` as (start, end) offsets into ``data``."""
+    spans: list[tuple[int, int]] = []
+    if not boundary:
+        return spans
     start: int | None = None
-    for found, found_end, closes in _delimiters(data, boundary):
+    for found, found_end, closes in _delimiters(data, boundary, lo, hi):
         if start is not None:
             end = found
             # The line break before a delimiter belongs to the delimiter.
-            if end > start and data[end - 1 : end] == b"\n":
-                end -= 2 if end - 1 > start and data[end - 2 : end - 1] == b"\r" else 1
-            parts.append(data[start:end])
-            if len(parts) >= MAX_PARTS:
-                return parts
+            if end > start and data[end - 1] == 0x0A:
+                end -= 2 if end - 1 > start and data[end - 2] == 0x0D else 1
+            spans.append((start, end))
+            if len(spans) >= MAX_PARTS:
+                return spans
         if closes:
-            return parts
-        nl = data.find(b"\n", found_end)
-        start = len(data) if nl < 0 else nl + 1
-    if start is not None and start <= len(data):
-        parts.append(data[start:])
-    return parts
+            return spans
+        nl = data.find(b"\n", found_end, hi)
+        start = hi if nl < 0 else nl + 1
+    if start is not None and start <= hi:
+        spans.append((start, hi))
+    return spans
 
 
 # ---------------------------------------------------------------------------

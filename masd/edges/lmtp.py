@@ -30,6 +30,7 @@ from masd.config import Config, Listen
 from masd.core.address import Address, parse_address
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
+from masd.edges.accept import AcceptServer
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.lmtp_replies import (
@@ -289,6 +290,7 @@ class LmtpHandler:
                 done.message_ref,
                 mail.event.message_id,
                 reply.outcome,
+                extra={"case": done.case_key, "message_ref": done.message_ref},
             )
             self.metrics.inc(METRIC, outcome=reply.outcome)
             if not done.duplicate:
@@ -378,7 +380,7 @@ async def start_lmtp(
     sock: socket.socket | None = None,
     max_sessions: int = MAX_SESSIONS,
     idle_timeout: float = IDLE_TIMEOUT,
-) -> asyncio.Server:
+) -> AcceptServer:
     """Bind and start serving; a unix socket gets mode 0660 before it accepts anyone.
 
     ``sock``, an already listening socket (socket activation), is served

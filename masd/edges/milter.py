@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import struct
 from typing import Final
 
 from kilter.protocol import (
@@ -47,7 +48,9 @@ from kilter.protocol.buffer import SimpleBuffer
 from kilter.protocol.core import FilterMessage, MTAMessage
 
 from masd.config import Listen
+from masd.core.errors import MasdError
 from masd.edges.context import EdgeContext
+from masd.edges.limits import Gate
 from masd.edges.lmtp import Replies, check_recipient
 from masd.edges.lmtp import ReplyCode as LmtpReply
 from masd.edges.sockets import ListenError, StreamListener, serve
@@ -66,6 +69,12 @@ BUFFER_BYTES: Final = 256 * 1024
 IDLE_TIMEOUT: Final = 600.0
 CLOSE_TIMEOUT: Final = 5.0
 METRIC: Final = "masd_milter_replies_total"
+#: ``server.max_milter_connections`` by default.
+MAX_CONNECTIONS: Final = 100
+#: The oldest protocol version masd answers (version 2 is Sendmail 8.13's).
+MIN_VERSION: Final = 2
+#: A negotiate frame's data: version, actions and protocol flags (4 octets each).
+_NEGOTIATE_DATA: Final = 12
 #: Events masd does not need; asked to be left out when the MTA offers it.
 _NOT_NEEDED: Final = (
     ProtocolFlags.NO_CONNECT
@@ -82,6 +91,47 @@ class MilterListenError(ListenError):
     """The milter listener cannot start (address in use, a non-socket at the path)."""
 
     code = "milter-listen"
+
+
+class MilterFrameError(MasdError):
+    """A frame masd will not answer: malformed, or out of order (the connection is closed)."""
+
+    code = "milter-frame"
+
+
+def check_opening(frame: bytes | memoryview) -> None:
+    """Refuse, by name, a connection's first frame that is not a usable negotiation.
+
+    ``frame`` holds at least the frame's length and command; all of it when
+    the command is a negotiation.  The MTA must negotiate before anything else,
+    with all three 4-octet fields and a version masd speaks.
+    """
+    length = int.from_bytes(frame[:4], "big")
+    if length == 0:
+        raise MilterFrameError("an empty frame (no command) before negotiation")
+    command = bytes(frame[4:5])
+    if command != b"O":
+        raise MilterFrameError(f"command {command!r} before negotiation")
+    if length - 1 < _NEGOTIATE_DATA:
+        raise MilterFrameError(
+            f"a negotiation of {length - 1} octets, not {_NEGOTIATE_DATA} (version, actions, "
+            "protocol flags)"
+        )
+    version = int.from_bytes(frame[5:9], "big")
+    if version < MIN_VERSION:
+        raise MilterFrameError(f"protocol version {version}; masd needs {MIN_VERSION} or later")
+
+
+def _opening_ready(inbox: SimpleBuffer) -> bool:
+    """Whether ``inbox`` holds enough of the first frame for :func:`check_opening`."""
+    if inbox.filled < 4:
+        return False
+    length = int.from_bytes(inbox[:4], "big")
+    if length == 0:
+        return True
+    if inbox.filled < 5:
+        return False
+    return bytes(inbox[4:5]) != b"O" or inbox.filled >= 4 + min(length, 1 + _NEGOTIATE_DATA)
 
 
 def reply_for(reply: LmtpReply, text: str) -> ResponseMessage:
@@ -105,6 +155,7 @@ class MilterSession:
         self.max_bytes = max_bytes
         self.protocol = FilterProtocol()
         self.size = 0
+        self.negotiated = False
 
     async def respond(self, message: MTAMessage) -> FilterMessage | None:
         """The answer to one message from the MTA (None: it expects none)."""
@@ -167,6 +218,11 @@ class MilterSession:
             if not data:
                 return
             inbox[:] = data
+            if not self.negotiated:
+                if not _opening_ready(inbox):
+                    continue
+                check_opening(inbox[:])
+                self.negotiated = True
             for message in self.protocol.read_from(inbox):
                 if isinstance(message, Close):
                     return
@@ -201,8 +257,12 @@ class MilterServer(StreamListener):
                 await session.serve(reader, writer)
             except (ConnectionError, TimeoutError):
                 pass
+            except MilterFrameError as exc:
+                log.warning("milter closed a connection: %s", exc.detail)
             except (UnknownMessage, UnexpectedMessage, InvalidMessage, ValueError) as exc:
                 log.warning("milter protocol error, closing the connection: %r", exc)
+            except struct.error as exc:  # a frame too short for its fields
+                log.warning("milter closed a connection: a malformed frame (%s)", exc)
             except Exception:
                 log.exception("milter connection fault")
             finally:
@@ -212,12 +272,17 @@ class MilterServer(StreamListener):
 
 
 async def start_milter(
-    listen: Listen | None, server: MilterServer, *, sock: socket.socket | None = None
+    listen: Listen | None,
+    server: MilterServer,
+    *,
+    sock: socket.socket | None = None,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> MilterServer:
     """Bind ``listen`` (or serve the inherited listening ``sock``) and start answering.
 
     A unix socket gets mode 0660 before it accepts anyone (the MTA must be in
-    the socket's group).
+    the socket's group).  A connection beyond ``max_connections`` is closed as
+    it is accepted (the MTA applies its default action).
     """
     loop = asyncio.get_running_loop()
 
@@ -228,5 +293,12 @@ async def start_milter(
 
     if listen is None and sock is None:
         raise MilterListenError("no milter listener configured (server.milter)")
-    server.server = await serve(connection, listen, sock=sock, error=MilterListenError)
+    gate = Gate(
+        connection,
+        name="milter",
+        limit=max_connections,
+        refusal=b"",  # nothing but a negotiation may come first: just the close
+        on_refused=lambda: server.metrics.inc("masd_connections_refused_total", listener="milter"),
+    )
+    server.server = await serve(gate, listen, sock=sock, error=MilterListenError)
     return server

@@ -198,9 +198,27 @@ class Outbox:
         url = item.url or (peer.url if peer is not None else "")
         return origin(url) or f"peer:{item.peer}"
 
+    async def _claimed(self, item: OutboxItem) -> bool:
+        """Whether this host sends ``item`` now: always where it is the store's one
+        writer; where several hosts share the store, once it holds the row's lease."""
+        lease: float | None = getattr(self._store, "claim_seconds", None)
+        if lease is None:
+            return True
+        host: str = getattr(self._store, "host", "")
+        try:
+            taken = await self._store.write(
+                lambda db: service.outbox_claim(db, [item.id], host, lease)
+            )
+        except Exception as exc:  # noqa: BLE001 - the store failing must not end the loop
+            log.warning("outbox claim failed id=%s error=%s", item.id, exc)
+            return False
+        return item.id in taken
+
     async def _attempt(self, item: OutboxItem, lane: str, probe: bool) -> None:
         judged = False
         try:
+            if not await self._claimed(item):
+                return  # another host holds it; looked at again when its lease ends
             outcome = await self._send(item)
             # The peer is done with it: its lane slot is free while the queue
             # stays taken until the outcome is recorded.
@@ -247,7 +265,11 @@ class Outbox:
             raise
         except Exception as exc:  # noqa: BLE001 - one row's trouble must not stop the others
             log.error(
-                "outbox attempt crashed outbox_id=%s case=%s error=%r", item.id, item.case_key, exc
+                "outbox attempt crashed outbox_id=%s case=%s error=%r",
+                item.id,
+                item.case_key,
+                exc,
+                extra={"case": item.case_key},
             )
             return Attempt("retry", f"internal error: {exc!r}", healthy=None)
 
@@ -304,6 +326,7 @@ class Outbox:
                     failures,
                     delay,
                     json.dumps(str(exc)),
+                    extra={"case": item.case_key},
                 )
                 await _pause(self._halt, delay)
 
@@ -327,6 +350,7 @@ class Outbox:
             "outbox %s %s",
             result,
             " ".join(f"{k}={v}" for k, v in _describe(item, outcome.detail).items()),
+            extra={"case": item.case_key},
         )
         # Rows this job queued are this loop's to find (an attempt ending
         # wakes it); a deadline it wrote is the timer's.

@@ -35,6 +35,7 @@ from typing import Final
 from masd.config import Listen
 from masd.core.errors import MasdError
 from masd.edges.context import EdgeContext
+from masd.edges.limits import Gate
 from masd.edges.lmtp import check_recipient
 from masd.edges.lmtp_replies import Replies, ReplyCode
 from masd.edges.sockets import ListenError, StreamListener, serve
@@ -51,6 +52,8 @@ IDLE_TIMEOUT: Final = 600.0
 #: How long stop() lets connections finish the request they are answering.
 CLOSE_TIMEOUT: Final = 5.0
 METRIC: Final = "masd_policy_requests_total"
+#: ``server.max_policy_connections`` by default.
+MAX_CONNECTIONS: Final = 100
 
 DUNNO: Final = "DUNNO"
 
@@ -241,12 +244,17 @@ class PolicyServer(StreamListener):
 
 
 async def start_policy(
-    listen: Listen | None, handler: PolicyHandler, *, sock: socket.socket | None = None
+    listen: Listen | None,
+    handler: PolicyHandler,
+    *,
+    sock: socket.socket | None = None,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> PolicyServer:
     """Bind ``listen`` (or serve the inherited listening ``sock``) and start answering.
 
     A unix socket gets mode 0660 before it accepts anyone (Postfix's smtpd
-    must be in the socket's group).
+    must be in the socket's group).  A connection beyond ``max_connections``
+    gets a temporary refusal (:func:`over_the_limit`) and is closed.
     """
     server = PolicyServer(handler)
     loop = asyncio.get_running_loop()
@@ -257,5 +265,22 @@ async def start_policy(
 
     if listen is None and sock is None:
         raise PolicyListenError("no policy listener configured (server.policy)")
-    server.server = await serve(connection, listen, sock=sock, error=PolicyListenError)
+    gate = Gate(
+        connection,
+        name="policy",
+        limit=max_connections,
+        refusal=over_the_limit(max_connections),
+        on_refused=lambda: handler.metrics.inc("masd_connections_refused_total", listener="policy"),
+    )
+    server.server = await serve(gate, listen, sock=sock, error=PolicyListenError)
     return server
+
+
+def over_the_limit(limit: int) -> bytes:
+    """The answer to a connection over the cap, written before its request is read:
+    Postfix takes it as the answer to its first request (a temporary refusal)."""
+    action = (
+        f"DEFER_IF_PERMIT 4.3.2 {limit} policy connections open "
+        "(server.max_policy_connections), try again later"
+    )
+    return f"action={action}\n\n".encode("ascii")

@@ -37,6 +37,7 @@ from typing import Final
 
 from masd.config import Listen, TcpListen
 from masd.core.errors import ConfigError, MasdError
+from masd.edges.accept import AcceptServer
 
 __all__ = [
     "LISTENER_NAMES",
@@ -242,34 +243,67 @@ async def serve(
     *,
     sock: socket.socket | None = None,
     error: type[ListenError] = ListenError,
-) -> asyncio.Server:
+) -> AcceptServer:
     """Serve ``factory`` on the inherited ``sock``, else on ``listen`` (bound here).
 
     An inherited socket keeps the owner and mode the service manager gave it.
+    Connections are accepted by :class:`~masd.edges.accept.AcceptServer`
+    (named after the listener: ``lmtp-listen`` errors, ``lmtp`` log lines).
     """
-    loop = asyncio.get_running_loop()
+    name = error.code.removesuffix("-listen")
     if sock is not None:
-        if sock.family == socket.AF_UNIX:
-            return await loop.create_unix_server(factory, sock=sock, backlog=BACKLOG)
-        return await loop.create_server(factory, sock=sock, backlog=BACKLOG)
+        sock.listen(BACKLOG)
+        return await _started(name, [sock], factory)
     if listen is None:
         raise error("no address configured")
     if isinstance(listen, TcpListen):
         try:
-            return await loop.create_server(
-                factory, host=listen.host, port=listen.port, backlog=BACKLOG
-            )
+            bound = await _bind_tcp(listen.host, listen.port)
         except OSError as exc:
             raise error(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
-    bound = await bind_unix(listen.path, error=error)
+    else:
+        bound = [await bind_unix(listen.path, error=error)]
     try:
-        return await loop.create_unix_server(factory, sock=bound, backlog=BACKLOG)
+        for each in bound:
+            each.listen(BACKLOG)
+        return await _started(name, bound, factory)
     except OSError as exc:
-        bound.close()
+        for each in bound:
+            each.close()
         raise error(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
     except BaseException:
-        bound.close()
+        for each in bound:
+            each.close()
         raise
+
+
+async def _started(
+    name: str, sockets: list[socket.socket], factory: Callable[[], asyncio.BaseProtocol]
+) -> AcceptServer:
+    server = AcceptServer(name, sockets, factory)
+    await server.start_serving()
+    return server
+
+
+async def _bind_tcp(host: str, port: int) -> list[socket.socket]:
+    """A socket bound at each address ``host`` resolves to (as asyncio's
+    ``create_server`` binds them: ``SO_REUSEADDR``, IPv6 sockets IPv6 only)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    bound: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except BaseException:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
 
 
 class StreamListener:

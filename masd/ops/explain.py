@@ -38,6 +38,7 @@ from masd.core.engine import (
 )
 from masd.core.event import ParsedMail, build_event, parse_headers
 from masd.core.principle10 import Caps, Counts, Recipient, decide_send
+from masd.core.rfc5322 import mailboxes
 from masd.core.slave import slave_intake, slave_mail
 from masd.core.times import rfc3339
 from masd.core.trust import trusted_block
@@ -119,14 +120,12 @@ def read_mail(path: str, limit: int, stdin: IO[bytes]) -> bytes:
 def default_recipient(raw: bytes, config: Config) -> str | None:
     """The first address at a configured domain in ``Delivered-To``,
     ``X-Original-To``, ``To`` or ``Cc`` (in that order), or None."""
-    import email.utils
-
     headers = parse_headers(raw)
     for wanted in ("delivered-to", "x-original-to", "to", "cc"):
         values = [v for n, v in headers if n.lower() == wanted]
-        for _, address in email.utils.getaddresses(values):
-            if address.rpartition("@")[2].lower() in config.domains:
-                return address
+        for box in (box for value in values for box in mailboxes(value)):
+            if box.address.rpartition("@")[2].lower() in config.domains:
+                return box.address
     return None
 
 
@@ -184,11 +183,9 @@ def _parsed(addr: Address) -> dict[str, Any]:
 
 def _from_header(raw: bytes) -> str:
     """The envelope sender to assume: the first From address (or the null sender)."""
-    import email.utils
-
     values = [v for n, v in parse_headers(raw) if n.lower() == "from"]
-    found = email.utils.getaddresses(values)
-    return found[0][1] if found else ""
+    found = [box for value in values for box in mailboxes(value)]
+    return found[0].address if found else ""
 
 
 def _mail(mail: ParsedMail) -> dict[str, Any]:

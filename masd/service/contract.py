@@ -283,7 +283,9 @@ def _case_assign(job: Job, who: Principal, env: Envelope, msg: CaseAssign) -> Ha
         case, intake, msg, terms, job.context(), opened=existing is None, mail=mail
     )
     applied = apply(job, case, effects, quiet=True)
-    log.info("intake assigned intake_ref=%s key=%s", msg.intake_ref, case.key)
+    log.info(
+        "intake assigned intake_ref=%s key=%s", msg.intake_ref, case.key, extra={"case": case.key}
+    )
     return Reply("ok", {"ok": True, "case": ref}), applied
 
 

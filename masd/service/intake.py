@@ -115,7 +115,12 @@ def _slave_intake(job: Job, copy: _Mail) -> Delivered:
     opened = slave_intake(rcpt, copy.parsed, job.context(), master=master)
     copy.record(job, None, intake_ref=opened.intake_ref)
     applied = apply(job, None, [opened])
-    log.info("intake pending intake_ref=%s message_ref=%s", opened.intake_ref, ev.message_ref)
+    log.info(
+        "intake pending intake_ref=%s message_ref=%s",
+        opened.intake_ref,
+        ev.message_ref,
+        extra={"message_ref": ev.message_ref},
+    )
     return Delivered(ev.message_ref, "", wakes=applied.wakes)
 
 

@@ -27,6 +27,8 @@ outbox_heads = rows.heads_of_queues
 outbox_peer_heads = rows.heads_of_peers
 outbox_start_id = rows.start_id
 next_outbox_at = rows.next_due_at
+#: Where several hosts share the store, a row is sent by the host holding its lease.
+outbox_claim = rows.claim
 
 
 def outbox_done(tx: Tx, item_id: int, now: float) -> None:

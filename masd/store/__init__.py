@@ -16,11 +16,22 @@ passes to the functions of one module per aggregate:
 - :mod:`~masd.store.queue_rows`: the outbox as an operator lists and steers it;
 - :mod:`~masd.store.probe`: what ``masd doctor`` reads, on its own connection.
 
+The store's functions are written once against :mod:`masd.store.backend` (a
+connection protocol, each database's few differences, which driver errors are
+the store's); :mod:`masd.store.pg_backend` runs them on PostgreSQL, for a store
+several hosts share (:func:`open_store` picks the backend from
+``server.database``; the driver is imported only for PostgreSQL).
+
 Timestamps in every table are REAL epoch seconds (UTC); JSON columns are TEXT.
 See :mod:`masd.store.schema` for the tables, :mod:`masd.store.db` for the
 write/read model, :mod:`masd.store.health` for what happens when the store
 cannot commit, and :mod:`masd.store.files` for opening, migrating and backing
 up the file.
+
+PostgreSQL (a store several hosts share): :mod:`masd.store.pg_schema` holds its
+migrations, :mod:`masd.store.pg_admin` connects to and migrates a database, and
+:mod:`masd.store.copy` copies a whole store between the two kinds.  These import
+psycopg (the ``postgresql`` extra) and are not imported here.
 """
 
 from masd.core.kinds import THREAD_KINDS
@@ -36,7 +47,16 @@ from masd.store import (
     thread,
 )
 from masd.store.cases import next_number
-from masd.store.db import MAX_BATCH, Store, StoreError, StoreHealth, StoreStats, backup, migrate
+from masd.store.db import (
+    MAX_BATCH,
+    Store,
+    StoreError,
+    StoreHealth,
+    StoreStats,
+    backup,
+    migrate,
+    open_store,
+)
 from masd.store.outbox import OutboxItem
 from masd.store.schema import MIGRATIONS, Migration
 from masd.store.sql import Tx, dumps, savepoint
@@ -63,6 +83,7 @@ __all__ = [
     "messages",
     "migrate",
     "next_number",
+    "open_store",
     "outbox",
     "purge",
     "reads",

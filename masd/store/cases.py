@@ -10,7 +10,7 @@ from typing import Any
 from masd.core.engine import CaseView
 from masd.store import handoffs
 from masd.store.handoffs import HandoffRow, handoff_row
-from masd.store.sql import Tx, dumps, one, run, tuples, value
+from masd.store.sql import Tx, dialect, dumps, one, run, tuples, value
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ _LOAD = (
 
 def load(tx: Tx, key: str) -> CaseRow | None:
     """The case ``key`` and its open handoff, in one statement."""
-    row = one(tx, _LOAD, (key,))
+    d = dialect(tx)
+    row = one(tx, _LOAD + d.for_update("c") if d.lock_rows else _LOAD, (key,))
     if row is None:
         return None
     return CaseRow(
@@ -84,7 +85,7 @@ def next_number(tx: Tx, domain: str, type_: str) -> int:
     got = tuples(
         tx,
         "INSERT INTO id_counters (domain, type, next_n) VALUES (?, ?, 2) "
-        "ON CONFLICT (domain, type) DO UPDATE SET next_n = next_n + 1 "
+        "ON CONFLICT (domain, type) DO UPDATE SET next_n = id_counters.next_n + 1 "
         "RETURNING next_n - 1",
         (domain, type_),
     )

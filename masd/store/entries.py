@@ -14,9 +14,11 @@ A ``mail.out`` or ``contract.out`` entry names its outbox row
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from masd.store.sql import Tx, tuples, value
+from masd.store.backend import Dialect
+from masd.store.sql import Tx, dialect, tuples, value
 
 
 @dataclass(frozen=True)
@@ -50,15 +52,18 @@ class EntryRow:
     delivery: Delivery | None
 
 
-_ENTRIES = (
-    "SELECT t.pos, t.case_key, c.address, t.seq, t.kind, t.at, t.data, "
-    "o.state, o.attempts, o.last_error, o.next_attempt_at, o.done_at, "
-    "s.attempts, s.done_at FROM thread t JOIN cases c ON c.key = t.case_key "
-    "LEFT JOIN outbox o ON t.kind IN ('mail.out', 'contract.out') "
-    "AND o.id = json_extract(t.data, '$.outbox_id') "
-    "LEFT JOIN outbox_sent s ON t.kind IN ('mail.out', 'contract.out') "
-    "AND s.id = json_extract(t.data, '$.outbox_id') "
-)
+@cache
+def _entries(d: Dialect) -> str:
+    outbox_id = d.json_int("t.data", "outbox_id")
+    return (
+        "SELECT t.pos, t.case_key, c.address, t.seq, t.kind, t.at, t.data, "  # noqa: S608 - dialect words only
+        "o.state, o.attempts, o.last_error, o.next_attempt_at, o.done_at, "
+        "s.attempts, s.done_at FROM thread t JOIN cases c ON c.key = t.case_key "
+        "LEFT JOIN outbox o ON t.kind IN ('mail.out', 'contract.out') "
+        f"AND o.id = {outbox_id} "
+        "LEFT JOIN outbox_sent s ON t.kind IN ('mail.out', 'contract.out') "
+        f"AND s.id = {outbox_id} "
+    )
 
 
 def _entry(row: tuple[Any, ...]) -> EntryRow:
@@ -81,7 +86,7 @@ def case_entries(tx: Tx, key: str, after: int, limit: int) -> list[EntryRow]:
     """The entries of case ``key`` with ``seq > after``, in order, at most ``limit``."""
     found = tuples(
         tx,
-        _ENTRIES + "WHERE t.case_key = ? AND t.seq > ? ORDER BY t.seq LIMIT ?",
+        _entries(dialect(tx)) + "WHERE t.case_key = ? AND t.seq > ? ORDER BY t.seq LIMIT ?",
         (key, after, limit),
     )
     return [_entry(r) for r in found]
@@ -92,13 +97,13 @@ def events(tx: Tx, after: int, limit: int, case_key: str | None = None) -> list[
     if case_key is None:
         found = tuples(
             tx,
-            _ENTRIES + "WHERE t.pos > ? ORDER BY t.pos LIMIT ?",
+            _entries(dialect(tx)) + "WHERE t.pos > ? ORDER BY t.pos LIMIT ?",
             (after, limit),
         )
     else:
         found = tuples(
             tx,
-            _ENTRIES + "WHERE t.case_key = ? AND t.pos > ? ORDER BY t.pos LIMIT ?",
+            _entries(dialect(tx)) + "WHERE t.case_key = ? AND t.pos > ? ORDER BY t.pos LIMIT ?",
             (case_key, after, limit),
         )
     return [_entry(r) for r in found]
@@ -106,14 +111,33 @@ def events(tx: Tx, after: int, limit: int, case_key: str | None = None) -> list[
 
 def last_events(tx: Tx, count: int, case_key: str | None = None) -> list[EntryRow]:
     """The latest ``count`` entries (of case ``case_key`` only, if given), in commit order."""
-    where = "" if case_key is None else "WHERE t.case_key = ?1 "
-    found = tuples(tx, _ENTRIES + where + "ORDER BY t.pos DESC LIMIT ?2", (case_key, count))
+    where, params = (
+        ("", (count,)) if case_key is None else ("WHERE t.case_key = ? ", (case_key, count))
+    )
+    found = tuples(tx, _entries(dialect(tx)) + where + "ORDER BY t.pos DESC LIMIT ?", params)
     return [_entry(r) for r in reversed(found)]
 
 
 def last_pos(tx: Tx) -> int:
     """The ``pos`` of the latest entry committed (0: none yet)."""
-    return int(value(tx, "SELECT IFNULL(MAX(pos), 0) FROM thread"))
+    return int(value(tx, "SELECT COALESCE(MAX(pos), 0) FROM thread"))
+
+
+@cache
+def _list_cases(d: Dialect) -> str:
+    h = d.row_order("handoff_id")
+    return (
+        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "  # noqa: S608 - dialect words only
+        "t.pos, t.at, h.handoff_id, h.mode, h.status "
+        "FROM thread t CROSS JOIN cases c "
+        f"LEFT JOIN handoffs h ON h.{h} = (SELECT {h} FROM handoffs WHERE case_key = c.key "
+        f"AND closed_at IS NULL ORDER BY requested_at DESC, {h} DESC LIMIT 1) "
+        "WHERE c.key = t.case_key AND c.thread_seq = t.seq AND t.pos < ? "
+        f"AND ({d.param('BOOLEAN')} IS NULL OR ? = (h.handoff_id IS NOT NULL)) "
+        f"AND ({d.param('TEXT')} IS NULL OR {d.nocase('c.participant')}) "
+        f"AND ({d.param('TEXT')} IS NULL OR c.domain = ?) "
+        "ORDER BY t.pos DESC LIMIT ?"
+    )
 
 
 @dataclass(frozen=True)
@@ -151,20 +175,14 @@ def cases(
     """
     found = tuples(
         tx,
-        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "
-        "t.pos, t.at, h.handoff_id, h.mode, h.status "
-        "FROM thread t CROSS JOIN cases c "
-        "LEFT JOIN handoffs h ON h.rowid = (SELECT rowid FROM handoffs WHERE case_key = c.key "
-        "AND closed_at IS NULL ORDER BY requested_at DESC, rowid DESC LIMIT 1) "
-        "WHERE c.key = t.case_key AND c.thread_seq = t.seq AND t.pos < ?1 "
-        "AND (?2 IS NULL OR ?2 = (h.handoff_id IS NOT NULL)) "
-        "AND (?3 IS NULL OR c.participant = ?3 COLLATE NOCASE) "
-        "AND (?4 IS NULL OR c.domain = ?4) "
-        "ORDER BY t.pos DESC LIMIT ?5",
+        _list_cases(dialect(tx)),
         (
             2**63 - 1 if before is None else before,
             open_handoff,
+            open_handoff,
             participant,
+            participant,
+            domain,
             domain,
             limit,
         ),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from masd.store.sql import Tx, tuples
+from masd.store.sql import Tx, dialect, tuples
 
 
 def outbox_depth(tx: Tx) -> list[tuple[str, str, int, int]]:
@@ -31,7 +31,8 @@ def refusals_by_reason(tx: Tx) -> list[tuple[str, int]]:
     """(reason, ``mail.refused`` entries) over every thread."""
     found = tuples(
         tx,
-        "SELECT COALESCE(json_extract(data, '$.reason'), 'none'), COUNT(*) FROM thread "
+        f"SELECT COALESCE({dialect(tx).json_get('data', 'reason')}, 'none'), "  # noqa: S608
+        "COUNT(*) FROM thread "
         "WHERE kind = 'mail.refused' GROUP BY 1",
     )
     return [(str(r), int(n)) for r, n in found]

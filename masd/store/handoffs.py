@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from masd.store.sql import Tx, dumps, one, run, tuples, value
+from masd.store.sql import Tx, dialect, dumps, one, run, tuples, value
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,9 @@ def next_deadline(tx: Tx, exclude: Collection[str] = ()) -> float | None:
     else:
         at = value(
             tx,
-            "SELECT MIN(deadline_at) FROM handoffs WHERE closed_at IS NULL "
+            "SELECT MIN(deadline_at) FROM handoffs WHERE closed_at IS NULL "  # noqa: S608 - dialect words only
             "AND deadline_at IS NOT NULL "
-            "AND handoff_id NOT IN (SELECT value FROM json_each(?))",
+            f"AND handoff_id NOT IN {dialect(tx).json_values()}",
             (json.dumps(list(exclude)),),
         )
     return None if at is None else float(at)

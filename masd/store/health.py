@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from masd.store.backend import SQLITE
 from masd.store.files import reason
 
 log = logging.getLogger("masd.store")
@@ -42,22 +43,6 @@ HEALTH_SECONDS: Final = 5.0
 #: While a fault lasts, the log says so again this often.
 REMIND_SECONDS: Final = 60.0
 
-#: Primary SQLite result codes that say the store, not the job, is at fault.
-_FAULT_CODES: Final = frozenset(
-    {
-        sqlite3.SQLITE_PERM,
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_READONLY,
-        sqlite3.SQLITE_IOERR,
-        sqlite3.SQLITE_CORRUPT,
-        sqlite3.SQLITE_FULL,
-        sqlite3.SQLITE_CANTOPEN,
-        sqlite3.SQLITE_PROTOCOL,
-        sqlite3.SQLITE_NOLFS,
-        sqlite3.SQLITE_NOTADB,
-    }
-)
-
 _PROBE_BEGIN: Final = "BEGIN IMMEDIATE /* masd probe */"
 _PROBE_COMMIT: Final = "COMMIT /* masd probe */"
 _PROBE_ROLLBACK: Final = "ROLLBACK /* masd probe */"
@@ -65,12 +50,7 @@ _PROBE_ROLLBACK: Final = "ROLLBACK /* masd probe */"
 
 def fault_of(exc: BaseException) -> str | None:
     """Why ``exc`` is the store's fault (None: the job's own error)."""
-    if not isinstance(exc, sqlite3.Error):
-        return None
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None or code & 0xFF not in _FAULT_CODES:
-        return None
-    return reason(exc)
+    return reason(exc) if SQLITE.classify(exc) is not None else None
 
 
 def rewrite_header(conn: sqlite3.Connection) -> None:
@@ -118,7 +98,7 @@ class StoreHealth:
 class HealthWatch:
     """The verdicts of one store's writer; read from any thread (see the module docstring)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | str) -> None:
         self._path = path
         self._lock = threading.Lock()
         now = time.monotonic()

@@ -9,7 +9,7 @@ from typing import Any
 
 from masd.core.event import GatewayEvent
 from masd.core.slave import IntakeView
-from masd.store.sql import Tx, dumps, one, run, value
+from masd.store.sql import Tx, dialect, dumps, one, run, value
 
 
 def record(
@@ -101,9 +101,9 @@ def latest_from(tx: Tx, case_key: str, address: str) -> Sender | None:
     return _sender(
         one(
             tx,
-            "SELECT message_ref, from_address, event FROM messages "
+            "SELECT message_ref, from_address, event FROM messages "  # noqa: S608 - dialect words only
             "WHERE case_key = ? AND lower(from_address) = lower(?) "
-            "ORDER BY received_at DESC, rowid DESC LIMIT 1",
+            f"ORDER BY received_at DESC, {dialect(tx).row_order('message_ref')} DESC LIMIT 1",
             (case_key, address),
         )
     )

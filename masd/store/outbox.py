@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
-from masd.store.sql import Tx, db, dumps, run, tuples, value
+from masd.store.backend import Dialect
+from masd.store.sql import Tx, dialect, dumps, many, run, tuples, value
 
 
 @dataclass(frozen=True)
@@ -66,15 +68,65 @@ def abandon_requests(
     tx: Tx, case_key: str, handoff_id: str, at: float | None = None
 ) -> list[tuple[int, str]]:
     """Withdraw the pending handoff.request of ``handoff_id``: (outbox id, message id) each."""
-    found = tuples(
-        tx,
-        "UPDATE outbox SET state = 'abandoned', done_at = ? WHERE state = 'pending' "
-        "AND kind = 'contract' AND case_key = ? "
-        "AND json_extract(payload, '$.type') = 'handoff.request' "
-        "AND json_extract(payload, '$.handoff_id') = ? RETURNING id, json_extract(payload, '$.id')",
-        (at, case_key, handoff_id),
-    )
+    found = tuples(tx, _abandon_requests(dialect(tx)), (at, case_key, handoff_id))
     return [(int(oid), str(mid)) for oid, mid in found]
+
+
+@cache
+def _abandon_requests(d: Dialect) -> str:
+    return (
+        "UPDATE outbox SET state = 'abandoned', done_at = ? WHERE state = 'pending' "  # noqa: S608 - dialect words only
+        "AND kind = 'contract' AND case_key = ? "
+        f"AND {d.json_get('payload', 'type')} = 'handoff.request' "
+        f"AND {d.json_get('payload', 'handoff_id')} = ? RETURNING id, {d.json_get('payload', 'id')}"
+    )
+
+
+@cache
+def _heads_of_queues(d: Dialect) -> str:
+    return (
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "  # noqa: S608 - dialect words only
+        f"o.deliver_until, o.next_attempt_at FROM outbox o{d.hint('INDEXED BY outbox_queue')}"
+        f"WHERE o.state = 'pending' AND o.queue IN {d.json_values()} "
+        f"AND o.next_attempt_at <= ?{d.unclaimed('o')} "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')"
+    )
+
+
+@cache
+def _heads_of_peers(d: Dialect) -> str:
+    return (
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "  # noqa: S608 - dialect words only
+        f"o.deliver_until, o.next_attempt_at FROM outbox o{d.hint('NOT INDEXED')}WHERE o.id >= ? "
+        f"AND COALESCE(o.peer, '') IN {d.json_values()} "
+        f"AND o.queue NOT IN {d.json_values()} "
+        f"AND o.state = 'pending' AND o.next_attempt_at <= ?{d.unclaimed('o')} "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
+        "ORDER BY o.id LIMIT ?"
+    )
+
+
+@cache
+def _heads_after(d: Dialect) -> str:
+    return (
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "  # noqa: S608 - dialect words only
+        "o.deliver_until, o.next_attempt_at, (o.state = 'pending' AND o.next_attempt_at <= ?"
+        f"{d.unclaimed('o')} "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')) "
+        "FROM outbox o WHERE o.id > ? ORDER BY o.id LIMIT ?"
+    )
+
+
+@cache
+def _heads_fell_due(d: Dialect) -> str:
+    return (
+        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "  # noqa: S608 - dialect words only
+        "o.deliver_until, o.next_attempt_at FROM outbox o WHERE o.state = 'pending' "
+        "AND o.next_attempt_at >= ? AND NOT (o.next_attempt_at = ? AND o.id <= ?) "
+        f"AND o.next_attempt_at <= ?{d.unclaimed('o')} "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
+        "ORDER BY o.next_attempt_at, o.id LIMIT ?"
+    )
 
 
 # The outbox sender finds due queue heads without reading every due row, so a
@@ -90,14 +142,7 @@ def heads_after(
 ) -> tuple[list[OutboxItem], int, bool]:
     """Due heads among the ``limit`` rows after ``after_id``; the last id looked at; whether
     the page was full (more rows may follow)."""
-    found = tuples(
-        tx,
-        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
-        "o.deliver_until, o.next_attempt_at, (o.state = 'pending' AND o.next_attempt_at <= ? "
-        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')) "
-        "FROM outbox o WHERE o.id > ? ORDER BY o.id LIMIT ?",
-        (now, after_id, limit),
-    )
+    found = tuples(tx, _heads_after(dialect(tx)), (now, after_id, limit))
     last = int(found[-1][0]) if found else after_id
     return [OutboxItem(*r[:-1]) for r in found if r[-1]], last, len(found) >= limit
 
@@ -105,30 +150,13 @@ def heads_after(
 def heads_fell_due(tx: Tx, since: tuple[float, int], now: float, limit: int) -> list[OutboxItem]:
     """Heads due by ``now`` whose (next_attempt_at, id) comes after ``since``, in that order."""
     at, after = since
-    found = tuples(
-        tx,
-        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
-        "o.deliver_until, o.next_attempt_at FROM outbox o WHERE o.state = 'pending' "
-        "AND o.next_attempt_at >= ? AND NOT (o.next_attempt_at = ? AND o.id <= ?) "
-        "AND o.next_attempt_at <= ? "
-        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
-        "ORDER BY o.next_attempt_at, o.id LIMIT ?",
-        (at, at, after, now, limit),
-    )
+    found = tuples(tx, _heads_fell_due(dialect(tx)), (at, at, after, now, limit))
     return [OutboxItem(*r) for r in found]
 
 
 def heads_of_queues(tx: Tx, queues: Iterable[str], now: float) -> list[OutboxItem]:
     """The due heads of ``queues``."""
-    found = tuples(
-        tx,
-        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
-        "o.deliver_until, o.next_attempt_at FROM outbox o INDEXED BY outbox_queue "
-        "WHERE o.state = 'pending' AND o.queue IN (SELECT value FROM json_each(?)) "
-        "AND o.next_attempt_at <= ? "
-        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending')",
-        (json.dumps(sorted(set(queues))), now),
-    )
+    found = tuples(tx, _heads_of_queues(dialect(tx)), (json.dumps(sorted(set(queues))), now))
     return [OutboxItem(*r) for r in found]
 
 
@@ -138,13 +166,7 @@ def heads_of_peers(
     """Up to ``limit`` due heads of ``peers`` from ``from_id`` on, by id, none of ``busy``."""
     found = tuples(
         tx,
-        "SELECT o.id, o.kind, o.queue, o.peer, o.case_key, o.url, o.payload, o.attempts, "
-        "o.deliver_until, o.next_attempt_at FROM outbox o NOT INDEXED WHERE o.id >= ? "
-        "AND IFNULL(o.peer, '') IN (SELECT value FROM json_each(?)) "
-        "AND o.queue NOT IN (SELECT value FROM json_each(?)) "
-        "AND o.state = 'pending' AND o.next_attempt_at <= ? "
-        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending') "
-        "ORDER BY o.id LIMIT ?",
+        _heads_of_peers(dialect(tx)),
         (
             from_id,
             json.dumps(sorted(set(peers))),
@@ -183,9 +205,11 @@ def done(tx: Tx, item_id: int, at: float | None = None) -> None:
 
 def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
     """Several delivered at once (``at``: when, the read side's ``done_at``)."""
-    db(tx).conn.executemany(
-        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "
-        "done_at = ? WHERE id = ?",
+    released = dialect(tx).released()
+    many(
+        tx,
+        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "  # noqa: S608 - dialect words only
+        f"done_at = ?{released} WHERE id = ?",
         [(at, item_id) for item_id in item_ids],
     )
 
@@ -193,8 +217,8 @@ def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
 def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:
     run(
         tx,
-        "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
-        "WHERE id = ?",
+        "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "  # noqa: S608 - dialect words only
+        f"{dialect(tx).released()} WHERE id = ?",
         (error, next_at, item_id),
     )
 
@@ -203,7 +227,31 @@ def failed(tx: Tx, item_id: int, detail: str, at: float | None = None) -> None:
     """Given up (``at``: when, the read side's ``done_at``)."""
     run(
         tx,
-        "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ?, "
-        "done_at = ? WHERE id = ?",
+        "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ?, "  # noqa: S608 - dialect words only
+        f"done_at = ?{dialect(tx).released()} WHERE id = ?",
         (detail, at, item_id),
     )
+
+
+def claim(tx: Tx, item_ids: Sequence[int], host: str, lease: float) -> list[int]:
+    """Take the pending rows ``item_ids`` for ``host`` for ``lease`` seconds; the ids taken.
+
+    Where several hosts send, a row is taken only if no other host holds it (or its
+    lease ran out: that host died mid-send, or lost the database) and no concurrent
+    transaction has it locked (``SKIP LOCKED``: two hosts claiming at once never wait
+    for, nor both get, one row).  A lease is measured on the database's clock, the
+    one clock every host shares, and ends with the row's outcome (done, retry,
+    failed).  Where one host sends (SQLite), every id is its own already.
+    """
+    d = dialect(tx)
+    if not d.leases:
+        return list(item_ids)
+    found = tuples(
+        tx,
+        f"UPDATE outbox SET claimed_by = ?, claimed_until = {d.now_epoch} + ? "  # noqa: S608 - dialect words only
+        "WHERE id IN (SELECT id FROM outbox WHERE id = ANY(?) AND state = 'pending' "
+        f"AND (claimed_by IS NULL OR claimed_by = ? OR claimed_until < {d.now_epoch}) "
+        "FOR UPDATE SKIP LOCKED) RETURNING id",
+        (host, lease, list(item_ids), host),
+    )
+    return sorted(int(r[0]) for r in found)

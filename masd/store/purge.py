@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from masd.store.sql import Tx, run
+from masd.store.sql import Tx, dialect, run
 
 
 def purge(
@@ -15,17 +15,19 @@ def purge(
 ) -> dict[str, int]:
     """Delete at most ``limit`` rows per table older than its bound; the rows
     removed per table.  Cases, messages, threads and failed outbox rows are kept."""
+    d = dialect(tx)
+    deliveries, answers = d.row_order("dedupe"), d.row_order("(peer, id)")
     return {
         "deliveries": run(
             tx,
-            "DELETE FROM deliveries WHERE rowid IN "
-            "(SELECT rowid FROM deliveries WHERE at < ? LIMIT ?)",
+            f"DELETE FROM deliveries WHERE {deliveries} IN "  # noqa: S608 - dialect words only
+            f"(SELECT {deliveries.strip('()')} FROM deliveries WHERE at < ? LIMIT ?)",
             (deliveries_before, limit),
         ),
         "idempotency": run(
             tx,
-            "DELETE FROM idempotency WHERE rowid IN "
-            "(SELECT rowid FROM idempotency WHERE at < ? LIMIT ?)",
+            f"DELETE FROM idempotency WHERE {answers} IN "  # noqa: S608 - dialect words only
+            f"(SELECT {answers.strip('()')} FROM idempotency WHERE at < ? LIMIT ?)",
             (idempotency_before, limit),
         ),
         "outbox": run(

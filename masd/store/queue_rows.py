@@ -10,10 +10,12 @@ sender (:mod:`masd.edges.outbox`) finds a retried row by its
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
+from masd.store.backend import Dialect
 from masd.store.outbox import OutboxItem
-from masd.store.sql import Tx, run, tuples
+from masd.store.sql import Tx, dialect, run, tuples
 
 #: A mail's first 4096 characters are read, to find its Message-ID and Subject.
 
@@ -41,15 +43,17 @@ class QueueRow:
     head: str | None
 
 
-_COLUMNS = (
-    "SELECT id, kind, queue, case_key, peer, state, attempts, last_error, created_at, "
-    "next_attempt_at, done_at, "
-    "CASE kind WHEN 'contract' THEN json_extract(payload, '$.type') END, "
-    "CASE kind WHEN 'contract' THEN json_extract(payload, '$.id') END, "
-    "CASE kind WHEN 'mail' THEN json_extract(payload, '$.rcpt_to') END, "
-    "CASE kind WHEN 'mail' THEN substr(json_extract(payload, '$.message'), 1, 4096) END "
-    "FROM outbox "
-)
+@cache
+def _columns(d: Dialect) -> str:
+    return (
+        "SELECT id, kind, queue, case_key, peer, state, attempts, last_error, created_at, "  # noqa: S608 - dialect words only
+        "next_attempt_at, done_at, "
+        f"CASE kind WHEN 'contract' THEN {d.json_get('payload', 'type')} END, "
+        f"CASE kind WHEN 'contract' THEN {d.json_get('payload', 'id')} END, "
+        f"CASE kind WHEN 'mail' THEN {d.json_get('payload', 'rcpt_to')} END, "
+        f"CASE kind WHEN 'mail' THEN substr({d.json_get('payload', 'message')}, 1, 4096) END "
+        "FROM outbox "
+    )
 
 
 def _row(r: tuple[Any, ...]) -> QueueRow:
@@ -60,14 +64,15 @@ def listed(tx: Tx, limit: int) -> list[QueueRow]:
     """Rows waiting, then rows given up, each oldest first, at most ``limit``."""
     found = tuples(
         tx,
-        _COLUMNS + "WHERE state IN ('pending', 'failed') ORDER BY state = 'failed', id LIMIT ?",
+        _columns(dialect(tx))
+        + "WHERE state IN ('pending', 'failed') ORDER BY state = 'failed', id LIMIT ?",
         (limit,),
     )
     return [_row(r) for r in found]
 
 
 def row(tx: Tx, item_id: int) -> QueueRow | None:
-    found = tuples(tx, _COLUMNS + "WHERE id = ?", (item_id,))
+    found = tuples(tx, _columns(dialect(tx)) + "WHERE id = ?", (item_id,))
     return _row(found[0]) if found else None
 
 
@@ -101,10 +106,10 @@ def retry_now(tx: Tx, item_id: int, now: float, deliver_until: float) -> bool:
     return (
         run(
             tx,
-            "UPDATE outbox SET state = 'pending', next_attempt_at = ?1, "
-            "deliver_until = CASE state WHEN 'failed' THEN MAX(deliver_until, ?2) "
-            "ELSE deliver_until END, done_at = NULL "
-            "WHERE id = ?3 AND state IN ('pending', 'failed')",
+            "UPDATE outbox SET state = 'pending', next_attempt_at = ?, "  # noqa: S608
+            f"deliver_until = CASE state WHEN 'failed' THEN {dialect(tx).greatest} "
+            "(deliver_until, ?) ELSE deliver_until END, done_at = NULL "
+            "WHERE id = ? AND state IN ('pending', 'failed')",
             (now, deliver_until, item_id),
         )
         == 1
@@ -129,7 +134,7 @@ def withdraw(tx: Tx, item_id: int, reason: str, at: float, *, attempts: int | No
         run(
             tx,
             "UPDATE outbox SET state = 'abandoned', last_error = ?, done_at = ?, "
-            "attempts = IFNULL(?, attempts) WHERE id = ? AND state IN ('pending', 'failed')",
+            "attempts = COALESCE(?, attempts) WHERE id = ? AND state IN ('pending', 'failed')",
             (reason, at, attempts, item_id),
         )
         == 1

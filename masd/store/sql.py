@@ -6,6 +6,10 @@ transaction they run in.  Outside :mod:`masd.store` it is opaque, a value to
 pass to the store's functions (``masd.store.cases.load(tx, key)``, ...);
 only the modules of this package see the connection behind it, through the
 helpers below.  That keeps every SQL statement of masd in this package.
+
+Behind a ``Tx`` is a :class:`masd.store.backend.Connection` (SQLite's is the
+``sqlite_utils.Database`` of the writer or of a reader; PostgreSQL's is a
+:class:`masd.store.pg_backend.PgTx`); :func:`dialect` says which SQL it speaks.
 """
 
 from __future__ import annotations
@@ -15,16 +19,27 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol, cast
 
-from sqlite_utils import Database
+from masd.store.backend import SQLITE, Connection, Dialect
 
 
 class Tx(Protocol):
     """An open store transaction (a write job's or a read's); see the module docstring."""
 
 
-def db(tx: Tx) -> Database:
+def db(tx: Tx) -> Connection:
     """The connection behind ``tx`` (for this package's modules only)."""
-    return cast(Database, tx)
+    return cast(Connection, tx)
+
+
+def dialect(tx: Tx) -> Dialect:
+    """The SQL ``tx`` speaks (:class:`masd.store.backend.Dialect`): SQLite's unless its
+    backend says otherwise."""
+    return cast(Dialect, getattr(tx, "masd_dialect", SQLITE))
+
+
+def many(tx: Tx, sql: str, params: Sequence[Sequence[Any]]) -> None:
+    """Run one statement once per parameter tuple of ``params``."""
+    cast(Any, tx).conn.executemany(sql, params)
 
 
 def one(tx: Tx, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
@@ -63,7 +78,7 @@ def run(tx: Tx, sql: str, params: Sequence[Any] = ()) -> int:
 def savepoint(tx: Tx) -> Iterator[None]:
     """A nested transaction inside the job: an exception leaving the block
     undoes what the block wrote (and goes on), the rest of the job stays."""
-    with db(tx).atomic():
+    with cast(Any, tx).atomic():
         yield
 
 

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 
 from masd.core.errors import MasdError
 from masd.core.kinds import THREAD_KINDS
-from masd.store.sql import Tx, dumps, run, tuples
+from masd.store.backend import FEED_LOCK
+from masd.store.sql import Tx, dialect, dumps, run, tuples
 
 
 def append_thread(
@@ -29,12 +30,20 @@ def append_thread(
     if not bumped:
         raise MasdError(f"no case {case_key!r} to append a {kind} entry to", code="unknown-case")
     seq = int(bumped[0][0])
+    if dialect(tx).lock_rows:
+        # ``pos`` numbers entries in commit order: SQLite's one writer gives the
+        # rowid so; where several write, the next one waits for this one's commit
+        # before it takes a number (masd/store/pg_backend.py).
+        tuples(tx, _FEED_LOCK)
     run(
         tx,
         "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)",
         (case_key, seq, kind, float(at), dumps(dict(data))),
     )
     return seq
+
+
+_FEED_LOCK = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
 
 
 def reported_request(tx: Tx, case_key: str, handoff_id: str) -> bool:
@@ -44,11 +53,12 @@ def reported_request(tx: Tx, case_key: str, handoff_id: str) -> bool:
     Read through the case's own entries (the thread's key starts with
     ``case_key``), so the cost is that of one case's thread.
     """
+    d = dialect(tx)
     found = tuples(
         tx,
-        "SELECT 1 FROM thread WHERE case_key = ? AND kind = 'contract.out' "
-        "AND json_extract(data, '$.type') = 'handoff.requested' "
-        "AND json_extract(data, '$.handoff_id') = ? LIMIT 1",
+        "SELECT 1 FROM thread WHERE case_key = ? AND kind = 'contract.out' "  # noqa: S608
+        f"AND {d.json_get('data', 'type')} = 'handoff.requested' "
+        f"AND {d.json_get('data', 'handoff_id')} = ? LIMIT 1",
         (case_key, handoff_id),
     )
     return bool(found)

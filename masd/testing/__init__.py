@@ -11,7 +11,9 @@ Used by masd's own tests, ``masd demo`` and the conformance runner alike:
 - :mod:`~masd.testing.inbound`: mail as our MX hands it to masd;
 - :mod:`~masd.testing.client`: masd's HTTP listener as a peer or operator uses it;
 - :mod:`~masd.testing.process`: masd (or any target) as a child process;
-- :mod:`~masd.testing.wait`: bounded waits.
+- :mod:`~masd.testing.wait`: bounded waits;
+- :mod:`~masd.testing.postgres`: a private PostgreSQL server on loopback (needs the
+  ``postgresql`` extra and Debian's ``postgresql`` package).
 """
 
 from masd.testing.mail import MemoryMailTransport

@@ -1,4 +1,5 @@
-"""System programs the tests drive for real (postfix, systemd-analyze, dpkg-deb, pipx).
+"""System programs the tests drive for real (postfix, systemd-analyze, dpkg-deb, pipx,
+PostgreSQL).
 
 One rule, in one place: a missing program skips the test, and the skip names
 the Debian package that brings it; unless ``MASD_REQUIRE_SYSTEM_TESTS`` is set
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import NoReturn
 
 import pytest
 
@@ -41,6 +43,14 @@ DEBIAN_PACKAGES = {
     "openssl": "openssl",
     "unshare": "util-linux",
     "promtool": "prometheus",
+    # Not on PATH: support/postgres.py finds them under /usr/lib/postgresql/<major>/bin.
+    "initdb": "postgresql",
+    "pg_ctl": "postgresql",
+    "s-nail": "s-nail",
+    "mutt": "mutt",
+    "mpack": "mpack",
+    "uuencode": "sharutils",
+    "tnef": "tnef",
 }
 
 
@@ -57,7 +67,12 @@ def require_program(name: str) -> str:
         path = shutil.which(name, path=extra)
     if path is not None:
         return path
-    message = f"{name} is not installed (Debian: apt-get install {package})"
+    missing(name, package)
+
+
+def missing(what: str, package: str) -> NoReturn:
+    """Skip the test (or fail it, when required): ``what`` is not installed."""
+    message = f"{what} is not installed (Debian: apt-get install {package})"
     if system_tests_required():
         pytest.fail(f"{message}, and {REQUIRE_VARIABLE} is set", pytrace=False)
     pytest.skip(message)

@@ -146,6 +146,7 @@ async def messages(request: web.Request, edge: Served) -> web.StreamResponse:
         got.status,
         ",".join(s.status for s in recorded) or "-",
         got.body.get("error", "-"),
+        extra={"case": key},
     )
     return web.json_response(dict(got.body), status=got.status)
 

@@ -19,10 +19,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from masd.config import Listen
+from masd.edges.accept import AcceptServer
 from masd.edges.http.edge import HttpEdge
 from masd.edges.http.shared import RETRY_AFTER
 from masd.edges.limits import Gate
 from masd.edges.sockets import ListenError, serve
+from masd.logs import parser_refusal
 
 log = logging.getLogger("masd.http")
 
@@ -41,7 +43,7 @@ class _ServerLog(logging.Logger):
     ) -> None:
         if isinstance(exc_info, HttpProcessingError):
             text = str(msg) % args if args else str(msg)
-            reason = " ".join(str(exc_info).split())
+            reason = parser_refusal(str(exc_info))  # never the header line it quotes
             log.info("%s: not a valid HTTP request (%s)", text, reason[:300])
             return
         log.error(msg, *args, exc_info=exc_info if isinstance(exc_info, BaseException) else True)
@@ -87,7 +89,7 @@ def _over_the_limit(limit: int) -> bytes:
 class HttpServer:
     """A started listener: ``addresses`` as bound, ``gate`` its counts, ``close()``."""
 
-    def __init__(self, runner: web.AppRunner, server: asyncio.Server, gate: Gate) -> None:
+    def __init__(self, runner: web.AppRunner, server: AcceptServer, gate: Gate) -> None:
         self._runner = runner
         self._server = server
         self.gate = gate
