@@ -113,6 +113,8 @@ class TypeConfig:
     master: MasterPeer | None
     policy: Policy
     webhooks: tuple[Webhook, ...]
+    #: Seconds a case without an open handoff is kept after its last thread entry.
+    retain: float = 400 * 86400.0
 
 
 @dataclass(frozen=True)
