@@ -186,6 +186,7 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
     assert "  LMTP       250 2.0.0 would be recorded" in lines
     assert "  chosen     mx.help.example" in lines
     assert "dmarc        pass (dmarc=pass from mx.help.example)" in lines
+    assert "cause        trusted: dmarc=pass from mx.help.example, not automated" in lines
     assert "automated    no" in lines
     assert f"participant  {ANN}" in lines
     assert "  - open case ticket=ticket-N@help.example (participant ann@example.org)" in lines
@@ -232,7 +233,27 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
         b"Authentication-Results: mx.help.example; dmarc=pass header.from=example.org\r\n"
         b"From: ann@example.org\r\nTo: ticket@help.example\r\nSubject: hi\r\n\r\nhi\r\n"
     )
+    # Our verifier's A-R without a dmarc result (OpenDMARC skipped a mail from 127.0.0.1).
+    skipped = (
+        b"Authentication-Results: mx.help.example; dkim=none\r\n"
+        b"Received: from localhost by mx.help.example; Tue, 1 Dec 2026 10:00:00 +0000\r\n"
+        b"From: ann@example.org\r\nTo: ticket@help.example\r\nSubject: hi\r\n\r\nhi\r\n"
+    )
+    code, out, err = _explain(tmp_path, config, skipped)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "  A-R        mx.help.example; dkim=none" in lines
+    assert "dmarc        absent (no trusted dmarc result)" in lines
+    (cause,) = [x for x in lines if x.startswith("cause ")]
+    assert cause.startswith(
+        "cause        no-dmarc-result: Authentication-Results from mx.help.example without "
+        "a dmarc= result: the DMARC verifier passed this mail over: OpenDMARC skips mail "
+        "from its IgnoreHosts (by default 127.0.0.1"
+    ), cause
+    assert _json_of(tmp_path, config, skipped)["trust"]["cause"] == "no-dmarc-result"
+
     doc = _json_of(tmp_path, config, forged)
+    assert doc["trust"]["cause"] == "dmarc-fail"
     assert doc["trust"]["trusted_headers"] == 2
     assert doc["trust"]["block_ends_at"].startswith("Received: from evil.example")
     assert len(doc["trust"]["authentication_results"]) == 1

@@ -1,5 +1,7 @@
 """masd behind a real Postfix with a real DMARC verifier: OpenDKIM and OpenDMARC.
 
+The last test runs the one-host test of docs/operations.md section 14 as the guide has it.
+
 The chain an operator builds from packaging/postfix/ and packaging/dmarc/:
 mail comes in by SMTP to Postfix, whose ``smtpd_milters`` are OpenDKIM
 (verifying) and OpenDMARC, configured from packaging/dmarc/ verbatim
@@ -20,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import email.policy
 import email.utils
+import os
 import secrets
 import smtplib
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -36,6 +41,7 @@ from support.dmarc import DkimKey, DmarcChain, dkim_key, dkim_sign, require_dmar
 from support.dmarc import shipped as shipped_dmarc
 from support.masd_process import AUTHSERV_ID, DOMAIN, MasdProcess, write_secret
 from support.postfix import PostfixInstance, require_postfix
+from test_operations_doc import GUIDE, onehost_blocks, onehost_script
 from test_postfix_e2e import Deployment, MasdSetup, free_ports, mail_in
 
 from masd.core.address import parse_address
@@ -73,6 +79,18 @@ class Chain(Deployment):
                 code, text = smtp.docmd("XCLIENT", f"ADDR={client} NAME={helo} HELO={helo}")
                 assert code == 220, (code, text)
                 smtp.ehlo(helo)
+                return smtp.sendmail(mail_from, list(rcpts), data)
+
+        return await asyncio.to_thread(work)
+
+    async def send_local(
+        self, mail_from: str, rcpts: Sequence[str], data: bytes
+    ) -> dict[str, tuple[int, bytes]]:
+        """One SMTP transaction from 127.0.0.1 itself, as a test on the MX sends it."""
+        port = self.postfix.smtp_port
+
+        def work() -> dict[str, tuple[int, bytes]]:
+            with smtplib.SMTP("127.0.0.1", port, timeout=WAIT) as smtp:
                 return smtp.sendmail(mail_from, list(rcpts), data)
 
         return await asyncio.to_thread(work)
@@ -139,7 +157,9 @@ def add_verifier(postfix: PostfixInstance, chain: DmarcChain) -> None:
 
 
 @asynccontextmanager
-async def deployment(tmp_path: Path) -> AsyncIterator[Chain]:
+async def deployment(
+    tmp_path: Path, more_records: Mapping[str, list[str]] | None = None
+) -> AsyncIterator[Chain]:
     programs = require_postfix()
     require_dmarc()
     customer_key, masd_key = dkim_key(), dkim_key()
@@ -150,6 +170,7 @@ async def deployment(tmp_path: Path) -> AsyncIterator[Chain]:
         f"mas._domainkey.{DOMAIN}": [masd_key.record],
         DOMAIN: ["v=spf1 ip4:127.0.0.1 -all"],
         f"_dmarc.{DOMAIN}": ["v=DMARC1; p=reject"],
+        **(more_records or {}),
     }
     async with DmarcChain(records) as chain, FakePeer() as endpoint, SmtpSink() as sink:
         lmtp, http_port, policy = ports = free_ports(3)
@@ -355,5 +376,132 @@ def test_masd_acknowledgement_passes_opendkim_on_its_way_out(tmp_path: Path) -> 
             ]
             assert passed, results
             await d.wait_queue_empty()
+
+    run(main)
+
+
+@pytest.mark.slow
+@pytest.mark.postfix
+def test_mail_sent_on_the_mx_itself_is_skipped_by_opendmarc_and_doctor_says_so(
+    tmp_path: Path,
+) -> None:
+    """The first test an operator tries: a mail sent from the MX (127.0.0.1). OpenDMARC
+    skips its IgnoreHosts (127.0.0.1 by default), so only OpenDKIM's result is there."""
+
+    async def main() -> None:
+        async with deployment(tmp_path) as d:
+            to = f"ticket@{DOMAIN}"
+            data = customer_mail(to, subject="Test", body="Testing.\n", sign=d.customer_key)
+            assert await d.send_local(ANN, [to], data) == {}
+            case = "ticket=ticket-1@help.example"
+            entries = await d.wait_thread(case, lambda e: len(mail_in(e)) == 1, "the mail")
+            assert mail_in(entries)[0]["dmarc"] == "absent"
+            (raw,) = d.stored_raw(case)
+            ours = [r for r in auth_results(raw) if r.lower().startswith(AUTHSERV_ID)]
+            assert ours, auth_results(raw)
+            assert not [r for r in ours if "dmarc=" in r], ours
+            assert "trust=no-dmarc-result" in d.masd.log()
+
+            done = await asyncio.to_thread(run_doctor, d.setup.config)
+            (line,) = [x for x in done.stdout.splitlines() if " authentication:" in x]
+            assert line.startswith(
+                "FAIL authentication: 0 of 1 messages had a dmarc result from mx.help.example; "
+                "1 had an A-R from mx.help.example without a dmarc= result: "
+            ), line
+            assert "OpenDMARC skips mail from its IgnoreHosts (by default 127.0.0.1" in line
+            assert "below a host" not in line
+            await d.wait_queue_empty()
+            assert d.sink.messages == []  # nothing acknowledged
+
+    run(main)
+
+
+def run_doctor(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "masd", "doctor", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+# --------------------------------------------------------------------------- docs/operations.md §14
+
+#: The one-host test's sender domain here (the guide's is test.help.example).
+TESTER = "tester.example"
+
+
+def run_onehost(index: int, values: Mapping[str, str], cwd: Path) -> str:
+    """Block ``index`` of docs/operations.md section 14, as the guide has it, in bash."""
+    block = onehost_blocks(GUIDE.read_text())[index]
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    done = subprocess.run(
+        ["bash", "-c", onehost_script(block, values)],
+        cwd=cwd,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def published(stdout: str) -> dict[str, list[str]]:
+    """The records the first block prints (``NAME TXT "VALUE"``), for the DNS server."""
+    records: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        name, kind, value = line.split(" ", 2)
+        assert kind == "TXT", line
+        assert value.startswith('"'), line
+        assert value.endswith('"'), line
+        records.setdefault(name, []).append(value[1:-1])
+    return records
+
+
+@pytest.mark.slow
+@pytest.mark.postfix
+def test_the_one_host_recipe_of_the_operations_guide_is_acknowledged(tmp_path: Path) -> None:
+    """docs/operations.md section 14 verbatim: a key, its records, a signed mail sent from
+    127.0.0.2 to the SMTP port; OpenDMARC checks it, masd acknowledges it, doctor agrees."""
+    work = tmp_path / "onehost"
+    work.mkdir()
+    values = {"DOMAIN": TESTER, "SELECTOR": "s1"}
+    records = published(run_onehost(0, values, work))
+    assert set(records) == {f"s1._domainkey.{TESTER}", f"_dmarc.{TESTER}"}, records
+
+    async def main() -> None:
+        async with deployment(tmp_path / "chain", records) as d:
+            values.update(
+                {
+                    "FROM": f"you@{TESTER}",
+                    "TO": f"ticket@{DOMAIN}",
+                    "MX": "127.0.0.1",
+                    "PORT": str(d.postfix.smtp_port),  # the private Postfix's port 25
+                    "PYTHON": sys.executable,
+                    "CONFIG": str(d.setup.config),
+                }
+            )
+            await asyncio.to_thread(run_onehost, 1, values, work)
+            case = "ticket=ticket-1@help.example"
+            entries = await d.wait_thread(case, lambda e: len(mail_in(e)) == 1, "the mail")
+            assert mail_in(entries)[0]["dmarc"] == "pass"
+            (raw,) = d.stored_raw(case)
+            assert f"{AUTHSERV_ID}; dmarc=pass (p=reject dis=none) header.from={TESTER}" in (
+                auth_results(raw)
+            ), auth_results(raw)
+            (ack,) = await d.sink.wait_for(1, WAIT)  # acknowledged
+            assert ack.rcpt_tos == (f"you@{TESTER}",)
+            await d.wait_queue_empty()
+
+            out = await asyncio.to_thread(run_onehost, 2, values, work)
+            assert (
+                "ok   authentication: 1 of 1 messages had a dmarc result from mx.help.example; "
+                "1 from an authenticated sender, not automated"
+            ) in out, out
+            assert "\nno problems\n" in out, out  # doctor, then the case list
+            assert any(line.startswith(case) for line in out.splitlines()), out
 
     run(main)

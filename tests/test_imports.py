@@ -37,10 +37,22 @@ _MODULE_UNITS = ("masd.cli.text",)
 #: (``python -m masd`` runs it), whose ``masd demo`` and ``masd conformance``
 #: commands run the demo and the conformance runner.  ``cli.text`` renders
 #: the read side's documents and imports nothing of masd, so the demo prints
-#: its pages with it.
+#: its pages with it; ``console`` renders the same documents as the operator
+#: console's HTML pages and imports nothing of masd either (pure rendering,
+#: no I/O), so the HTTP edge serves them.
 _BASES = frozenset({"masd", "_resources", "clock", "logs"})
 #: What masd runs on: every unit below the tools and the command line.
-_RUNTIME = _BASES | {"core", "config", "store", "metrics", "service", "read", "edges", "app"}
+_RUNTIME = _BASES | {
+    "core",
+    "config",
+    "store",
+    "metrics",
+    "service",
+    "read",
+    "console",
+    "edges",
+    "app",
+}
 ALLOWED: Mapping[str, frozenset[str]] = {
     "masd": frozenset(),
     "_resources": frozenset(),
@@ -48,6 +60,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # The scrub redacts the secrets a configuration names (masd.logs.keep_secrets).
     "logs": frozenset({"core", "config"}),
     "cli.text": frozenset(),
+    "console": frozenset(),
     # core/status.py reads the transition table through _resources.
     "core": frozenset({"_resources"}),
     "config": frozenset({"core"}),
@@ -57,7 +70,18 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "service": frozenset({"core", "config", "store", "metrics"}),
     "read": frozenset({"core", "store"}),
     "edges": frozenset(
-        {"masd", "clock", "logs", "core", "config", "store", "metrics", "service", "read"}
+        {
+            "masd",
+            "clock",
+            "logs",
+            "core",
+            "config",
+            "store",
+            "metrics",
+            "service",
+            "read",
+            "console",
+        }
     ),
     "app": _RUNTIME - {"app"},
     "ops": frozenset({"core", "config", "store", "metrics", "service", "read", "edges"}),

@@ -11,13 +11,17 @@ running Postfix on the CI machine); the Postfix e2e tests run ``postqueue``.
 The tests here check the guide against the repository: the Postfix and
 verifier lines it explains are the files in packaging/postfix/ and
 packaging/dmarc/, the units it names exist, and the script covers every line.
-` ```text ` blocks are examples, never run.
+` ```text ` blocks are examples, never run.  ` ```sh onehost ` blocks (the one-host test
+of the whole chain) need Postfix, OpenDKIM and OpenDMARC: tests/test_dmarc_e2e.py runs
+them, setting only their variables (:func:`onehost_script`).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,12 +84,43 @@ def script(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
+#: A line of a ``sh onehost`` block that sets a variable (its first lines).
+SETTING = re.compile(r"^([A-Z]+)=(\S+)$")
+
+
+def onehost_blocks(text: str) -> list[Block]:
+    """The blocks of the one-host test of the whole chain (section 14), in order."""
+    return [b for b in blocks(text) if b.info == "sh onehost"]
+
+
+def onehost_settings(text: str) -> dict[str, str]:
+    """Every variable the one-host blocks set, with the guide's value."""
+    found = {}
+    for block in onehost_blocks(text):
+        for line in commands(block):
+            m = SETTING.match(line)
+            if m:
+                found[m.group(1)] = m.group(2)
+    return found
+
+
+def onehost_script(block: Block, values: Mapping[str, str]) -> str:
+    """``block`` as a bash script: every variable set to ``values`` first, the block's own
+    setting lines set to ``values`` too, every other line as the guide has it."""
+    out = ["set -euo pipefail", *(f"{k}={shlex.quote(v)}" for k, v in values.items())]
+    for line in commands(block):
+        m = SETTING.match(line)
+        out.append(f"{m.group(1)}={shlex.quote(values[m.group(1)])}" if m else line)
+    return "\n".join(out) + "\n"
+
+
 # --------------------------------------------------------------------------- tests
 
 
 def test_every_block_is_a_command_block_or_a_quoted_file() -> None:
     for block in blocks(GUIDE.read_text()):
-        assert block.info in ("sh", "sh live", "", "text"), block  # text: an example, not run
+        # text: an example, not run; sh onehost: run by tests/test_dmarc_e2e.py (section 14)
+        assert block.info in ("sh", "sh live", "sh onehost", "", "text"), block
         if block.info == "":
             assert block.marker.startswith(("postfix:", "dmarc:")), block
 
@@ -104,6 +139,29 @@ def test_the_script_runs_every_plain_command_in_order() -> None:
     assert all(command in rest for command in plain), "the script runs them in order"
     assert "make package" in plain
     assert "masd check-config /etc/masd/masd.toml" in plain
+
+
+def test_the_one_host_test_is_the_one_the_e2e_test_runs() -> None:
+    """Section 14's blocks are run by tests/test_dmarc_e2e.py, which sets every variable."""
+    text = GUIDE.read_text()
+    found = onehost_blocks(text)
+    assert len(found) == 3, found
+    settings = onehost_settings(text)
+    e2e = (ROOT / "tests" / "test_dmarc_e2e.py").read_text()
+    assert "onehost_script(" in e2e
+    for name in settings:
+        assert f'"{name}":' in e2e, f"tests/test_dmarc_e2e.py does not set {name}"
+    # The recipe's point: sent to the SMTP port from an address OpenDMARC checks, signed.
+    assert settings["PORT"] == "25"
+    assert settings["MX"] == "127.0.0.1"
+    sending = "\n".join(found[1].lines)
+    assert "source_address=(source, 0)" in sending
+    assert '"$MX" "$PORT" 127.0.0.2' in sending
+    assert "dkim.sign(" in sending
+    assert [c for c in commands(found[2]) if c.startswith("masd ")] == [
+        'masd doctor --config "$CONFIG"',
+        'masd case list --config "$CONFIG"',
+    ]
 
 
 def test_quoted_postfix_files_are_the_shipped_ones() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from masd.core.trust import (
+    TrustCause,
     TrustSettings,
     domain_key,
     read_auth,
@@ -12,6 +13,7 @@ from masd.core.trust import (
     received_by,
     split_resinfo,
     strip_comments,
+    trust_cause,
 )
 
 TRUST = TrustSettings.of(["MX.Help.Example"])
@@ -353,3 +355,76 @@ def test_strip_comments() -> None:
 
 def test_split_resinfo() -> None:
     assert split_resinfo('id; a=b (c; d) e="f;g"; h=i') == ["id", ' a=b (c; d) e="f;g"', " h=i"]
+
+
+# --- the account of the decision -------------------------------------------------
+
+
+def cause_of(headers: list[tuple[str, str]], mail_from: str = "a@example.org") -> TrustCause:
+    auth = verdict(headers)
+    return trust_cause(headers, auth, read_automation(headers, mail_from), TRUST)
+
+
+def test_cause_trusted() -> None:
+    cause = cause_of([ar("mx.help.example; dmarc=pass header.from=example.org"), OURS])
+    assert cause == TrustCause("trusted", "dmarc=pass from mx.help.example, not automated")
+    assert cause.trusted
+
+
+def test_cause_no_ar_from_our_id_names_the_ids_seen() -> None:
+    cause = cause_of([ar("mx.other.example; dmarc=pass header.from=example.org"), OURS])
+    assert cause.cause == "no-trusted-ar"
+    assert cause.authserv_ids == ("mx.other.example",)
+    assert "no Authentication-Results from mx.help.example (server.trusted_authserv_ids)" in (
+        cause.detail
+    )
+    assert cause.detail.endswith("the mail carries some from mx.other.example")
+    bare = cause_of([OURS])
+    assert (bare.cause, bare.authserv_ids) == ("no-trusted-ar", ())
+    assert "does a DMARC verifier run in front of masd?" in bare.detail
+    assert not bare.trusted
+
+
+def test_cause_our_ar_without_dmarc_names_the_verifier_setting() -> None:
+    cause = cause_of([ar("mx.help.example; dkim=none"), OURS])
+    assert cause.cause == "no-dmarc-result"
+    assert cause.detail.startswith(
+        "Authentication-Results from mx.help.example without a dmarc= result: "
+    )
+    assert "IgnoreHosts (by default 127.0.0.1" in cause.detail
+    assert "IgnoreAuthenticatedClients" in cause.detail
+
+
+def test_cause_our_ar_below_an_untrusted_host_names_the_host() -> None:
+    cause = cause_of([OURS, FOREIGN, ar("mx.help.example; dmarc=pass header.from=example.org")])
+    assert cause.cause == "below-untrusted-host"
+    assert cause.host == "relay.elsewhere.example"
+    assert "only below the Received header by relay.elsewhere.example" in cause.detail
+    # Our A-R without dmarc in the block is the nearer cause than a forged one below.
+    both = [ar("mx.help.example; spf=pass"), OURS, FOREIGN, ar("mx.help.example; dmarc=pass")]
+    assert cause_of(both).cause == "no-dmarc-result"
+
+
+@pytest.mark.parametrize("result", ["fail", "none", "temperror", "permerror"])
+def test_cause_a_result_other_than_pass(result: str) -> None:
+    cause = cause_of([ar(f"mx.help.example; dmarc={result} header.from=example.org"), OURS])
+    assert cause == TrustCause(f"dmarc-{result}", f"dmarc={result} from mx.help.example")
+
+
+def test_cause_pass_for_another_domain_is_dmarc_fail() -> None:
+    cause = cause_of([ar("mx.help.example; dmarc=pass header.from=other.example"), OURS])
+    assert cause.cause == "dmarc-fail"
+    assert "is not the From domain example.org" in cause.detail
+
+
+def test_cause_automated_names_the_header() -> None:
+    headers = [ar("mx.help.example; dmarc=pass header.from=example.org"), OURS]
+    cause = cause_of([*headers, ("Precedence", "bulk")])
+    assert cause == TrustCause(
+        "automated",
+        "dmarc=pass from mx.help.example, but the mail is automated (Precedence: bulk)",
+        header="Precedence: bulk",
+    )
+    assert cause_of(headers, mail_from="<>").header == "null sender"
+    # Unauthenticated and automated: the DMARC verdict is named.
+    assert cause_of([OURS, ("Precedence", "bulk")]).cause == "no-trusted-ar"

@@ -9,6 +9,7 @@ import click
 
 from masd import __version__
 from masd.cli.common import CONFIG as _CONFIG
+from masd.cli.common import DEFAULT_CONFIG
 from masd.cli.common import load as _load
 from masd.cli.db import backup_database, db_copy, migrate_database
 from masd.cli.reload import PID_FILE, reload
@@ -25,22 +26,41 @@ def main() -> None:
 
 
 @main.command("check-config")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-def check_config(file: Path) -> None:
-    """Validate FILE and every secret it names; print a summary, or every error.
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"The masd TOML file.  [default: {DEFAULT_CONFIG}]",
+)
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path), required=False)
+def check_config(config_file: Path | None, file: Path | None) -> None:
+    """Validate the configuration and every secret it names; print a summary, or every error.
 
-    Each error names its key path and the value refused; a misspelt key gets
-    the nearest known key suggested. Warnings (a secret others can read, a
-    mode without endpoint) go to stderr. Exit status 1 on any error.
+    The file is given with --config, as to every other command; a FILE given
+    alone is the same (the older form). Each error names its key path and the
+    value refused; a misspelt key gets the nearest known key suggested.
+    Warnings (a secret others can read, a mode without endpoint) go to
+    stderr. Exit status 1 on any error.
     """
-    config = _load(file)
+    if config_file is not None and file is not None and config_file != file:
+        raise click.UsageError(f"two files given: --config {config_file} and {file}; give one")
+    config = _load(config_file or file or DEFAULT_CONFIG)
     click.echo(format_summary(config))
+
+
+#: The levels of ``masd serve --log-level``.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 @main.command()
 @_CONFIG
 @click.option(
-    "--log-level", default="INFO", show_default=True, help="DEBUG, INFO, WARNING or ERROR."
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="The least severe level logged.",
 )
 @click.option(
     "--test-clock",
@@ -75,7 +95,7 @@ def serve(config_file: Path, log_level: str, test_clock: bool, pid_file: Path | 
             )
             raise SystemExit(2)
         clock = TestClock()
-    configure_logging(log_level, config.server.log_format)
+    configure_logging(log_level.upper(), config.server.log_format)
     try:
         asyncio.run(App(config, clock=clock, pid_file=pid_file).run())
     except StoreError as exc:
@@ -108,7 +128,11 @@ def _local(listen: object) -> bool:
 @main.command()
 @_CONFIG
 @click.option(
-    "--messages", default=100, show_default=True, help="How many recent messages to look at."
+    "--messages",
+    type=click.IntRange(1, None),
+    default=100,
+    show_default=True,
+    help="How many recent messages to look at.",
 )
 def doctor(config_file: Path, messages: int) -> None:
     """Check listeners, store, recent mail's authentication, DKIM keys and peers.

@@ -30,7 +30,13 @@ PID_FILE = click.option(
     show_default=True,
     help="The pid file of the running masd (masd serve --pid-file).",
 )
-@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for the outcome.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the outcome.",
+)
 def reload(pid_file: Path, timeout: float) -> None:
     """Make the running masd re-read masd.toml and its domain files (as SIGHUP does).
 

@@ -238,7 +238,13 @@ def queue(ctx: click.Context, config_file: Path) -> None:
 
 @queue.command("list")
 @_QUEUE_CONFIG
-@click.option("--limit", type=click.IntRange(1, None), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, None),
+    default=100,
+    show_default=True,
+    help="How many items at most (waiting ones first, then failed ones).",
+)
 @click.option("--json", "as_json", is_flag=True, help="As GET /mas/v0.1/admin/outbox.")
 def queue_list(config_file: Path | None, limit: int = 100, as_json: bool = False) -> None:
     """What waits to go out (queued, retrying), then what masd gave up on (failed).

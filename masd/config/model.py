@@ -190,6 +190,8 @@ class ServerConfig:
     max_policy_connections: int = 100
     max_milter_connections: int = 100
     log_format: str = "text"  # or "json": one object a line
+    #: Serve the operator console at ``/console/`` on the HTTP listener.
+    console: bool = False
 
 
 @dataclass(frozen=True)

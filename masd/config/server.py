@@ -45,6 +45,7 @@ _SERVER_KEYS: Final = frozenset(
         "max_policy_connections",
         "max_milter_connections",
         "log_format",
+        "console",
     }
 )
 #: Where domain files are looked for when ``server.domains_dir`` is not set:
@@ -78,6 +79,12 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         check.error(join(PATH, "domains_dir"), '"" is not a directory name')
     claim_text = check.get(table, PATH, "claim_timeout", str, "30s")
     claim_timeout = check.duration(join(PATH, "claim_timeout"), claim_text)
+    console = check.get(table, PATH, "console", bool, False)
+    if console and "admin_token_file" not in table:
+        check.error(
+            join(PATH, "console"),
+            "needs server.admin_token_file: the console signs in with the admin secret",
+        )
     hostname = check.get(table, PATH, "hostname", str, "localhost")
     try:
         hostname = ascii_host_name(hostname)
@@ -107,6 +114,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         max_policy_connections=limits["max_policy_connections"],
         max_milter_connections=limits["max_milter_connections"],
         log_format=_log_format(check, table),
+        console=console,
     )
 
 

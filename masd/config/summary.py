@@ -40,6 +40,7 @@ def format_summary(config: Config) -> str:
         f"; retry for {format_duration(server.retry_for)}"
         f"; max message {server.max_message_bytes} bytes"
         f"; delimiter {json.dumps(server.recipient_delimiter)}",
+        f"console   {'on at ' + server.public_url + '/console/' if server.console else 'off'}",
     ]
     for domain in config.domains.values():
         selectors = ", ".join(key.selector for key in domain.dkim_keys)

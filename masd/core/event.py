@@ -45,10 +45,12 @@ from masd.core.trust import (
     DMARC_RESULTS,
     AuthVerdict,
     Automation,
+    TrustCause,
     TrustSettings,
     domain_key,
     read_auth,
     read_automation,
+    trust_cause,
 )
 
 __all__ = [
@@ -272,6 +274,8 @@ class ParsedMail:
     event: GatewayEvent
     auth: AuthVerdict
     automation: Automation
+    #: why the sender is (not) taken as authenticated and not automated
+    cause: TrustCause
     #: every address of every From header, domain lowercased (A-labels)
     from_addresses: tuple[str, ...]
 
@@ -361,6 +365,18 @@ def _envelope(address: str) -> str:
 # The event
 
 
+def _index_headers(headers: Sequence[tuple[str, str]]) -> tuple[dict[str, str], list[str]]:
+    """The first value of each header by its lower-case name, and every From value."""
+    first: dict[str, str] = {}
+    from_values: list[str] = []
+    for name, value in headers:
+        lname = name.lower()
+        if lname == "from":
+            from_values.append(value)
+        first.setdefault(lname, value)
+    return first, from_values
+
+
 def build_event(
     raw: bytes,
     *,
@@ -376,14 +392,7 @@ def build_event(
     ``invalid-event``) only for a bad ``received_at`` or ``message_ref``.
     """
     headers, body = _entity_at(raw, 0, len(raw))
-    first: dict[str, str] = {}
-    from_values: list[str] = []
-    for name, value in headers:
-        lname = name.lower()
-        if lname == "from":
-            from_values.append(value)
-        first.setdefault(lname, value)
-
+    first, from_values = _index_headers(headers)
     from_addresses, from_name = _from_fields(from_values)
     envelope_from = _envelope(mail_from)
     # read_auth reads only Received and Authentication-Results headers, and
@@ -393,6 +402,7 @@ def build_event(
     auth = read_auth(auth_headers, from_addresses, trust)
     auto_headers = headers if not AUTOMATION_HEADERS.isdisjoint(first) else ()
     automation = read_automation(auto_headers, envelope_from)
+    cause = trust_cause(auth_headers, auth, automation, trust)
 
     parts = read_parts(first, raw, body, text_limit=MAX_TEXT_BYTES, limit=MAX_ATTACHMENTS)
     attachments = tuple(Attachment(*listed) for listed in parts.attachments)
@@ -419,4 +429,6 @@ def build_event(
         automated=automation.is_automated,
         automated_reason=_cap(automation.reason, MAX_REASON) if automation.reason else None,
     )
-    return ParsedMail(event=event, auth=auth, automation=automation, from_addresses=from_addresses)
+    return ParsedMail(
+        event=event, auth=auth, automation=automation, cause=cause, from_addresses=from_addresses
+    )

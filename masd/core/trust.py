@@ -64,11 +64,13 @@ __all__ = [
     "MAX_RESINFO",
     "AuthVerdict",
     "Automation",
+    "TrustCause",
     "TrustSettings",
     "domain_key",
     "read_auth",
     "read_automation",
     "strip_comments",
+    "trust_cause",
 ]
 
 #: The values ``auth.dmarc`` may take in a gateway event (docs/protocol.md §15).
@@ -356,7 +358,7 @@ def read_auth(
             if found is not None:
                 break  # "the topmost DMARC result is the one"
     if found is None:
-        return AuthVerdict("absent", None, None, False, "no trusted Authentication-Results")
+        return AuthVerdict("absent", None, None, False, "no trusted dmarc result")
     where = f"dmarc={found.result} from {found_id}"
     if found.result != "pass":
         return AuthVerdict(found.result, found_id, found.header_from, False, where)
@@ -421,3 +423,118 @@ def read_automation(headers: Sequence[tuple[str, str]], mail_from: str) -> Autom
     if mail_from.strip() in ("", "<>"):
         return Automation(True, "null sender")
     return Automation(False, None)
+
+
+# ---------------------------------------------------------------------------
+# the account of one trust decision
+
+#: Why masd does or does not take a mail as from an authenticated, non-automated
+#: sender (:func:`trust_cause`); ``dmarc-<result>`` for a trusted result other
+#: than pass (``dmarc-fail``, ``dmarc-none``, ``dmarc-temperror``, ``dmarc-permerror``).
+TRUSTED: Final = "trusted"
+NO_TRUSTED_AR: Final = "no-trusted-ar"
+NO_DMARC_RESULT: Final = "no-dmarc-result"
+BELOW_UNTRUSTED_HOST: Final = "below-untrusted-host"
+AUTOMATED: Final = "automated"
+
+#: What usually makes our own verifier write no dmarc result.
+SKIPPED_HINT: Final = (
+    "the DMARC verifier passed this mail over: OpenDMARC skips mail from its IgnoreHosts "
+    "(by default 127.0.0.1, so a test mail sent on the MX itself) and, with "
+    "IgnoreAuthenticatedClients, mail from SMTP-authenticated clients"
+)
+
+
+@dataclass(frozen=True)
+class TrustCause:
+    """The reason of one trust decision, as data.
+
+    ``cause`` is one of the constants above; ``detail`` says it in a sentence.
+    ``authserv_ids`` are the ids the mail's A-R carried (no-trusted-ar),
+    ``host`` the ``by`` host that ends the trusted block (below-untrusted-host),
+    ``header`` what made the mail automated.
+    """
+
+    cause: str
+    detail: str
+    authserv_ids: tuple[str, ...] = ()
+    host: str | None = None
+    header: str | None = None
+
+    @property
+    def trusted(self) -> bool:
+        """The sender is authenticated and the mail not automated: masd may answer it."""
+        return self.cause == TRUSTED
+
+
+def _our_ar(headers: Sequence[tuple[str, str]], settings: TrustSettings) -> tuple[int, list[str]]:
+    """The index of the first A-R under a trusted authserv-id (-1: none), and every id seen."""
+    first = -1
+    seen: list[str] = []
+    for i, (name, value) in enumerate(headers):
+        if name.lower() == "authentication-results":
+            sid = _authserv_id(split_resinfo(value)[0])
+            if sid is None:
+                continue
+            sid = sid.rstrip(".")
+            if sid not in seen:
+                seen.append(sid)
+            if first < 0 and sid in settings.trusted_authserv_ids:
+                first = i
+    return first, seen
+
+
+def _absent_cause(headers: Sequence[tuple[str, str]], settings: TrustSettings) -> TrustCause:
+    """Why no trusted A-R carried a dmarc result."""
+    ours = ", ".join(sorted(settings.trusted_authserv_ids)) or "(none trusted)"
+    first, seen = _our_ar(headers, settings)
+    if first < 0:
+        if seen:
+            detail = (
+                f"no Authentication-Results from {ours} (server.trusted_authserv_ids); "
+                f"the mail carries some from {', '.join(seen)}"
+            )
+        else:
+            detail = "no Authentication-Results at all: does a DMARC verifier run in front of masd?"
+        return TrustCause(NO_TRUSTED_AR, detail, authserv_ids=tuple(seen))
+    size = trusted_block(headers, settings)
+    if first < size:
+        sid = _authserv_id(split_resinfo(headers[first][1])[0])
+        return TrustCause(
+            NO_DMARC_RESULT,
+            f"Authentication-Results from {sid} without a dmarc= result: {SKIPPED_HINT}",
+            authserv_ids=tuple(seen),
+        )
+    host = received_by(headers[size][1]) or "(unreadable by clause)"
+    return TrustCause(
+        BELOW_UNTRUSTED_HOST,
+        f"Authentication-Results from {ours} only below the Received header by {host}, "
+        "a host not in server.trusted_hosts (the result was in the mail before it reached "
+        "a trusted host)",
+        authserv_ids=tuple(seen),
+        host=host,
+    )
+
+
+def trust_cause(
+    headers: Sequence[tuple[str, str]],
+    auth: AuthVerdict,
+    automation: Automation,
+    settings: TrustSettings,
+) -> TrustCause:
+    """Why masd takes the mail as from an authenticated, non-automated sender, or not.
+
+    The account intake records, ``masd explain`` prints and ``masd doctor``
+    counts.  The DMARC verdict comes first: an unauthenticated mail is named
+    for that even when it is automated too.
+    """
+    if auth.dmarc == "absent":
+        return _absent_cause(headers, settings)
+    if not auth.authenticated:
+        return TrustCause(f"dmarc-{auth.dmarc}", auth.reason)
+    if automation.is_automated:
+        why = automation.reason or "automated"
+        return TrustCause(
+            AUTOMATED, f"{auth.reason}, but the mail is automated ({why})", header=why
+        )
+    return TrustCause(TRUSTED, f"{auth.reason}, not automated")

@@ -284,12 +284,13 @@ class LmtpHandler:
             reply = Replies.DUPLICATE if done.duplicate else Replies.RECORDED
             text = f"{done.message_ref} {'already recorded' if done.duplicate else 'recorded'}"
             log.info(
-                "rcpt=%s key=%s message_ref=%s message_id=%s outcome=%s",
+                "rcpt=%s key=%s message_ref=%s message_id=%s outcome=%s trust=%s",
                 rcpt,
                 done.case_key,
                 done.message_ref,
                 mail.event.message_id,
                 reply.outcome,
+                mail.cause.cause,
                 extra={"case": done.case_key, "message_ref": done.message_ref},
             )
             self.metrics.inc(METRIC, outcome=reply.outcome)

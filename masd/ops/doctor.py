@@ -3,13 +3,18 @@
 - the listeners answer (LMTP greets, HTTP ``/healthz`` says ok, policy and
   milter accept a connection);
 - the store exists and can be written;
-- of the last N messages, how many carried an Authentication-Results masd
-  trusted, and which authserv-ids the others carried instead: the usual
-  reason mail is recorded but never acknowledged nor handed off is an MTA
-  writing its results under another name than ``server.trusted_authserv_ids``;
+- of the last N messages, why each was or was not taken as from an
+  authenticated, non-automated sender, counted by cause
+  (:func:`masd.core.trust.trust_cause`, the account intake gives): no A-R
+  from ``server.trusted_authserv_ids`` (and which ids came instead), our
+  A-R without a dmarc result (the verifier skipped the mail), our A-R only
+  below a host outside ``server.trusted_hosts``, a dmarc result other than
+  pass, or automated mail;
 - every DKIM key can be read and signs;
-- the SMTP relay greets, every peer (mode endpoints, masters, webhooks)
-  accepts a connection.
+- the SMTP relay greets; every peer (mode endpoints, masters, webhooks)
+  answers the probe of docs/protocol.md §9.9 (a message of no contract type,
+  with masd's secret) with a refusal other than ``401``/``403``: the secret is
+  accepted and the peer did nothing.
 
 Its running counterpart is :class:`masd.service.trust_watch.TrustWatch`,
 which warns while recent mail carries no trusted result.
@@ -17,18 +22,21 @@ which warns while recent mail carries no trusted result.
 
 from __future__ import annotations
 
+import json
+import secrets
 import socket
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
-from urllib.parse import urlsplit
 
-from masd.config import Config, Listen, TcpListen, UnixListen
-from masd.core.comments import strip_comments
-from masd.core.mime import parse_headers
-from masd.core.trust import split_resinfo
+from masd.config import Config, Endpoint, Listen, MasterPeer, TcpListen, UnixListen, Webhook
+from masd.core import signing, trust
+from masd.core.event import build_event
+from masd.core.times import rfc3339
+from masd.core.trust import TrustCause, TrustSettings
 from masd.service.trust_watch import WINDOW
 from masd.store.probe import (
     DoctorStoreError,
@@ -40,6 +48,8 @@ from masd.store.probe import (
 
 #: Bound of every connection the doctor makes.
 TIMEOUT: Final = 3.0
+#: The ``type`` of the peer probe: no contract message has it (docs/protocol.md §9.9).
+PROBE_TYPE: Final = "masd.probe"
 
 
 @dataclass(frozen=True)
@@ -54,61 +64,110 @@ class Finding:
 
 # --------------------------------------------------------------------------- trust
 
+#: The order causes are told in (masd.core.trust); dmarc-<result> ones follow.
+_ORDER: Final = (
+    trust.TRUSTED,
+    trust.AUTOMATED,
+    trust.NO_TRUSTED_AR,
+    trust.NO_DMARC_RESULT,
+    trust.BELOW_UNTRUSTED_HOST,
+)
+#: Causes that mean our verifier's dmarc result reached masd.
+_RESULT_SEEN: Final = frozenset({trust.TRUSTED, trust.AUTOMATED})
 
-def authserv_ids(head: bytes) -> list[str]:
-    """The authserv-id of every Authentication-Results header in ``head``, top down."""
-    ids = []
-    for name, value in parse_headers(head):
-        if name.lower() != "authentication-results":
-            continue
-        words = strip_comments(split_resinfo(" ".join(value.split()))[0]).split()
-        if words:
-            ids.append(words[0].lower().rstrip("."))
-    return ids
+
+def cause_of(message: RecentMessage, settings: TrustSettings) -> TrustCause:
+    """The account intake gives of ``message`` (:func:`masd.core.event.build_event`),
+    under today's settings."""
+    mail = build_event(
+        message.head,
+        mail_from=message.mail_from,
+        rcpt_to=message.rcpt_to,
+        received_at=rfc3339(0) or "",
+        message_ref="msg-doctor",
+        trust=settings,
+    )
+    return mail.cause
 
 
 @dataclass(frozen=True)
 class TrustSummary:
     total: int
-    trusted: int
-    #: For the messages without a trusted result: how many carried an A-R of each id.
-    others: tuple[tuple[str, int], ...]
+    #: (cause, how many messages) in the order told.
+    causes: tuple[tuple[str, int], ...]
+    #: The authserv-ids of the messages with no A-R from ours, how many carried each.
+    other_ids: tuple[tuple[str, int], ...] = ()
+    #: The hosts whose Received header hid our A-R, how many for each.
+    hosts: tuple[tuple[str, int], ...] = ()
+    #: What made the automated ones automated, how many for each.
+    headers: tuple[tuple[str, int], ...] = ()
+
+    def count(self, cause: str) -> int:
+        return sum(n for c, n in self.causes if c == cause)
 
 
-def summarize(messages: Sequence[RecentMessage]) -> TrustSummary:
-    others: Counter[str] = Counter()
-    trusted = 0
-    for message in messages:
-        if message.authserv_id is not None:
-            trusted += 1
-            continue
-        others.update(set(authserv_ids(message.head)))
-    return TrustSummary(len(messages), trusted, tuple(others.most_common()))
+def summarize(causes: Sequence[TrustCause]) -> TrustSummary:
+    """Each cause counted, with the ids, hosts and headers behind them."""
+    counts = Counter(c.cause for c in causes)
+    ids = Counter(i for c in causes if c.cause == trust.NO_TRUSTED_AR for i in c.authserv_ids)
+    hosts = Counter(c.host for c in causes if c.host is not None)
+    headers = Counter(_header_name(c.header) for c in causes if c.header is not None)
+    order = [c for c in _ORDER if c in counts] + sorted(c for c in counts if c not in _ORDER)
+    return TrustSummary(
+        len(causes),
+        tuple((c, counts[c]) for c in order),
+        tuple(ids.most_common()),
+        tuple(hosts.most_common()),
+        tuple(headers.most_common()),
+    )
+
+
+def _header_name(reason: str) -> str:
+    return reason.split(":", 1)[0]
+
+
+def _listed(counts: Sequence[tuple[str, int]]) -> str:
+    return ", ".join(f"{name} ({n})" for name, n in counts)
+
+
+def _cause_part(summary: TrustSummary, cause: str, n: int, ours: str) -> str:
+    if cause == trust.TRUSTED:
+        return f"{n} from an authenticated sender, not automated"
+    if cause == trust.AUTOMATED:
+        return f"{n} authenticated but automated: {_listed(summary.headers)}"
+    if cause == trust.NO_TRUSTED_AR:
+        carried = f" (they carried A-R from {_listed(summary.other_ids)})"
+        return f"{n} had no A-R from {ours}{carried if summary.other_ids else ''}"
+    if cause == trust.NO_DMARC_RESULT:
+        return f"{n} had an A-R from {ours} without a dmarc= result: {trust.SKIPPED_HINT}"
+    if cause == trust.BELOW_UNTRUSTED_HOST:
+        return (
+            f"{n} had an A-R from {ours} only below a Received by a host not in "
+            f"server.trusted_hosts: {_listed(summary.hosts)}"
+        )
+    return f"{n} had {cause.replace('-', '=', 1)}"
 
 
 def trust_finding(summary: TrustSummary, trusted_ids: Sequence[str]) -> Finding:
-    """ "0 of 120 messages had an A-R from mx.help.example; 118 had one from mx.other.example"."""
+    """ "2 of 5 messages had a dmarc result from mx.help.example; 2 from an authenticated..."."""
     what = "authentication"
     ours = " or ".join(trusted_ids) or "(server.trusted_authserv_ids is empty)"
     if summary.total == 0:
         return Finding(True, what, "no messages recorded yet")
-    text = f"{summary.trusted} of {summary.total} messages had an A-R from {ours}"
-    parts = []
-    for sid, n in summary.others:
-        if sid in trusted_ids:
-            # The id is trusted, yet the result was not: it sat below a Received
-            # header by a host outside server.trusted_hosts.
-            parts.append(f"{n} had one from {sid} below a host not in server.trusted_hosts")
-        else:
-            parts.append(f"{n} had one from {sid}")
-    text = "; ".join([text, *parts])
-    if summary.trusted:
+    seen = sum(n for c, n in summary.causes if c in _RESULT_SEEN or c.startswith("dmarc-"))
+    text = f"{seen} of {summary.total} messages had a dmarc result from {ours}"
+    text = "; ".join([text, *(_cause_part(summary, c, n, ours) for c, n in summary.causes)])
+    if seen:
         return Finding(True, what, text)
     hint = "no mail can pass DMARC, so none is acknowledged or handed off"
-    if any(sid not in trusted_ids for sid, _ in summary.others):
+    if summary.count(trust.NO_TRUSTED_AR) and summary.other_ids:
         hint += "; is the authserv-id your verifier writes in server.trusted_authserv_ids?"
-    else:
+    elif summary.count(trust.NO_TRUSTED_AR):
         hint += "; does a DMARC verifier run in front of masd?"
+    elif summary.count(trust.BELOW_UNTRUSTED_HOST):
+        hint += "; is every MTA of yours in server.trusted_hosts?"
+    else:
+        hint += "; send the test mail from another host than the MX"
     return Finding(False, what, f"{text}: {hint}")
 
 
@@ -182,33 +241,116 @@ def check_listeners(config: Config) -> list[Finding]:
     return found
 
 
-def peer_urls(config: Config) -> list[tuple[str, str]]:
-    """(what, url) for every peer masd calls, in config order."""
-    urls = []
+@dataclass(frozen=True)
+class PeerTarget:
+    """A peer masd calls: what the finding names it, its URL, masd's secret and signing keys."""
+
+    what: str
+    url: str
+    token: str = field(repr=False)
+    keys: tuple[bytes, ...] = field(default=(), repr=False)
+    #: The URL is a prefix (a transfers webhook's): the master names the URL under it.
+    prefix: bool = False
+
+
+def peer_targets(config: Config) -> list[PeerTarget]:
+    """Every peer masd calls (mode endpoints, masters, webhooks), in config order."""
+    found = []
     for domain in config.domains.values():
         for typ in domain.types.values():
             where = f"{domain.name} type {typ.name}"
-            urls += [(f"peer {where} mode {m}", e.url) for m, e in typ.endpoints.items()]
+            peers: list[tuple[str, Endpoint | MasterPeer | Webhook]] = [
+                (f"peer {where} mode {m}", e) for m, e in typ.endpoints.items()
+            ]
             if typ.master is not None:
-                urls.append((f"peer {where} master", typ.master.url))
-            urls += [(f"peer {where} webhook", w.url) for w in typ.webhooks]
-    return urls
+                peers.append((f"peer {where} master", typ.master))
+            peers += [(f"peer {where} webhook", w) for w in typ.webhooks]
+            found += [
+                PeerTarget(what, p.url, p.token, p.signing.keys, isinstance(p, Webhook))
+                for what, p in peers
+            ]
+    return found
 
 
-def check_peer(what: str, url: str) -> Finding:
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+def probe_body() -> bytes:
+    """The probe (docs/protocol.md §9.9): the envelope with a type no contract message has,
+    so a peer can only refuse it, and no case, so there is nothing it could act on."""
+    message = {
+        "mas_modes_version": "0.1",
+        "type": PROBE_TYPE,
+        "id": f"probe-{secrets.token_hex(8)}",
+    }
+    return json.dumps(message).encode()
+
+
+def check_peer(target: PeerTarget, *, now: float | None = None) -> Finding:
+    """POST the probe with masd's secret (and signature): a wrong secret is ``401``/``403``."""
+    import httpx
+
+    what, url = target.what, target.url
+    body = probe_body()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {target.token}"}
+    if target.keys:
+        msg_id = json.loads(body)["id"]
+        stamp = int(time.time() if now is None else now)
+        headers.update(signing.headers(target.keys, msg_id, stamp, body))
     try:
-        socket.create_connection((parts.hostname or "", port), timeout=TIMEOUT).close()
-    except OSError as exc:
-        return Finding(False, what, f"{url}: {exc.strerror or exc}")
-    return Finding(True, what, f"{url} accepts connections")
+        with httpx.Client(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as client:
+            response = client.post(url, content=body, headers=headers)
+    except httpx.HTTPError as exc:
+        return Finding(False, what, f"{url}: {exc}")
+    return _probe_finding(target, response.status_code, response.text)
+
+
+def _probe_finding(target: PeerTarget, status: int, text: str) -> Finding:
+    what, url = target.what, target.url
+    error = _refusal_code(text)
+    answered = f"{url} answered the probe {status}" + (f" {error}" if error else "")
+    if status in (401, 403):
+        return Finding(
+            False,
+            what,
+            f"{answered}: the peer refuses masd's secret; is its token_file the peer's secret"
+            " (and its signing_secret_file, if the peer checks signatures)?",
+        )
+    if 400 <= status < 500 and error:
+        return Finding(True, what, f"{answered} (the secret is accepted)")
+    if 400 <= status < 500 and target.prefix:
+        return Finding(
+            True,
+            what,
+            f"{answered}: it answers, and did not refuse the secret (a webhook URL is a prefix, "
+            "under which the master names the one masd posts to)",
+        )
+    if 400 <= status < 500:
+        return Finding(
+            False, what, f"{answered} without a refusal body: is this the peer's contract URL?"
+        )
+    if 200 <= status < 300:
+        return Finding(
+            True,
+            what,
+            f"{answered}: the secret is accepted, but a message of no contract type was "
+            "too (a conforming peer refuses it with a 4xx)",
+        )
+    return Finding(False, what, f"{answered}: {text.strip()[:200]}")
+
+
+def _refusal_code(text: str) -> str | None:
+    """The ``error`` of a contract refusal body ``{"ok": false, "error": ...}``, or None."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and doc.get("ok") is False and isinstance(doc.get("error"), str):
+        return str(doc["error"])[:80]
+    return None
 
 
 def check_peers(config: Config) -> list[Finding]:
     relay: TcpListen = config.server.smtp_relay
     found = [check_greets("smtp relay", relay)]
-    found += [check_peer(what, url) for what, url in peer_urls(config)]
+    found += [check_peer(target) for target in peer_targets(config)]
     return found
 
 
@@ -228,7 +370,9 @@ def check_store(config: Config, messages: int) -> list[Finding]:
         recent = recent_messages(database, messages)
     except DoctorStoreError as exc:
         return [*found, Finding(False, "authentication", exc.detail)]
-    return [*found, trust_finding(summarize(recent), config.server.trusted_authserv_ids)]
+    settings = TrustSettings.of(config.server.trusted_authserv_ids, config.server.trusted_hosts)
+    causes = [cause_of(m, settings) for m in recent]
+    return [*found, trust_finding(summarize(causes), config.server.trusted_authserv_ids)]
 
 
 def check_tables(config: Config) -> list[Finding]:

@@ -215,6 +215,8 @@ def _trust(raw: bytes, mail: ParsedMail, rt: Runtime) -> dict[str, Any]:
         "header_from": mail.auth.header_from,
         "authenticated": mail.auth.authenticated,
         "reason": mail.auth.reason,
+        "cause": mail.cause.cause,
+        "cause_detail": mail.cause.detail,
     }
 
 
@@ -348,6 +350,7 @@ def format_explained(x: Explained) -> str:
         *(f"  A-R        {v}" for v in t["authentication_results"]),
         f"  chosen     {t['chosen'] or '(none)'}",
         f"dmarc        {t['dmarc']} ({t['reason']})",
+        f"cause        {t['cause']}: {t['cause_detail']}",
         f"automated    {'yes: ' + str(a['reason']) if a['is'] else 'no'}",
         f"participant  {x.participant or '(none)'}",
         f"caps         {x.caps['per_case']} per case, "

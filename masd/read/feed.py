@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Final
 
 from masd.read.case_views import row_json
-from masd.store import Tx
+from masd.store import Store, Tx
 from masd.store.entries import EntryRow, events, last_events, last_pos
 
 #: ``limit`` of a page of events: default and largest.
@@ -184,3 +186,40 @@ class FeedWatch:
             return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._event.wait(), min(timeout, POLL_SECONDS))
+
+
+async def stream(
+    store: Store,
+    watch: FeedWatch,
+    after: int,
+    *,
+    case_key: str | None = None,
+    idle: float = 15.0,
+) -> AsyncIterator[Page]:
+    """Pages after ``after`` as they commit, until masd stops; an empty page
+    (nothing new) after ``idle`` seconds of silence, for a keep-alive.
+
+    One reader's own loop (the operator console's live view, a few sessions);
+    the HTTP feed's followers share :class:`masd.read.feed_hub.FeedHub` instead.
+    """
+    loop = asyncio.get_running_loop()
+    quiet_since = loop.time()
+    while not watch.closed:
+        mark = watch.mark()
+        found = await store.read(
+            functools.partial(page, after=after, limit=MAX_EVENTS, case_key=case_key)
+        )
+        if found.ahead:
+            yield found
+            return
+        if found.events:
+            after = parse_cursor(found.next) or after
+            quiet_since = loop.time()
+            yield found
+            if len(found.events) >= MAX_EVENTS:
+                continue  # a backlog: the next page at once
+        elif loop.time() - quiet_since >= idle:
+            quiet_since = loop.time()
+            yield found
+        await watch.wait(mark, quiet_since + idle - loop.time())
+        await asyncio.sleep(MIN_GAP_SECONDS)

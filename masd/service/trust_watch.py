@@ -38,8 +38,9 @@ class TrustWatch:
         self.untrusted_run += 1
         if self.untrusted_run % WINDOW == 0:
             log.warning(
-                "the last %d messages carried no trusted Authentication-Results "
-                "(server.trusted_authserv_ids = %s): none can pass DMARC; run masd doctor",
+                "the last %d messages carried no trusted dmarc result "
+                "(server.trusted_authserv_ids = %s): none can pass DMARC; "
+                "run masd doctor for the cause",
                 self.untrusted_run,
                 ", ".join(self.trusted_ids) or "[]",
             )

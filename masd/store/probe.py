@@ -36,6 +36,8 @@ class RecentMessage:
     received_at: float
     dmarc: str | None  # the verdict masd recorded (auth.dmarc)
     authserv_id: str | None  # the trusted A-R it came from, or None
+    mail_from: str  # the envelope sender (event.mail_from)
+    rcpt_to: str  # the envelope recipient (event.rcpt_to)
     head: bytes  # the first HEADER_OCTETS of the raw message
 
 
@@ -70,7 +72,8 @@ def recent_messages(database: Path, limit: int) -> list[RecentMessage]:
     try:
         rows = db.execute(
             "SELECT message_ref, received_at, json_extract(event, '$.auth.dmarc'), "
-            "json_extract(event, '$.auth.authserv_id'), substr(raw, 1, ?) "
+            "json_extract(event, '$.auth.authserv_id'), json_extract(event, '$.mail_from'), "
+            "json_extract(event, '$.rcpt_to'), substr(raw, 1, ?) "
             "FROM messages ORDER BY received_at DESC LIMIT ?",
             (HEADER_OCTETS, limit),
         ).fetchall()
@@ -79,8 +82,8 @@ def recent_messages(database: Path, limit: int) -> list[RecentMessage]:
     finally:
         db.close()
     return [
-        RecentMessage(str(ref), float(at), dmarc, sid, bytes(head))
-        for ref, at, dmarc, sid, head in rows
+        RecentMessage(str(ref), float(at), dmarc, sid, str(frm or ""), str(to or ""), bytes(head))
+        for ref, at, dmarc, sid, frm, to, head in rows
     ]
 
 

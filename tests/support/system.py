@@ -51,6 +51,8 @@ DEBIAN_PACKAGES = {
     "mpack": "mpack",
     "uuencode": "sharutils",
     "tnef": "tnef",
+    "chromium": "chromium",
+    "chromedriver": "chromium-driver",
 }
 
 

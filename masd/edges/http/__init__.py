@@ -5,7 +5,8 @@ One module per route (:mod:`~masd.edges.http.messages`, :mod:`~masd.edges.http.h
 :mod:`~masd.edges.http.metrics`, :mod:`~masd.edges.http.case`,
 :mod:`~masd.edges.http.thread`, :mod:`~masd.edges.http.cases`,
 :mod:`~masd.edges.http.events`, :mod:`~masd.edges.http.outbox`,
-:mod:`~masd.edges.http.clock`), each declaring its :class:`~masd.edges.http.shared.Route`;
+:mod:`~masd.edges.http.clock`, and the operator console's :mod:`~masd.edges.http.console`),
+each declaring its :class:`~masd.edges.http.shared.Route`;
 :mod:`~masd.edges.http.shared` holds what they share (paths, the reply table, refusals,
 query parameters, :class:`~masd.edges.http.shared.HttpRefusal`);
 :mod:`~masd.edges.http.auth` checks the secret a route declares it needs;

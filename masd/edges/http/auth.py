@@ -3,7 +3,10 @@ handler runs (docs/protocol.md §9.2, §16).
 
 A :class:`~masd.edges.http.shared.Route` declares ``auth``: ``"peer"`` (a peer's Bearer
 secret; the handler finds the peer as ``request[PRINCIPAL]``), ``"admin"`` (the admin
-secret) or ``"anyone"``.  A missing or wrong secret is ``401 unauthenticated``, raised as
+secret), ``"anyone"``, or ``"console"`` (the operator console: ``404 not-found`` while
+``server.console`` is off; its pages check their session cookie themselves, in
+:mod:`masd.edges.http.console`, since a browser is sent to the sign-in page rather than
+answered 401).  A missing or wrong secret is ``401 unauthenticated``, raised as
 :class:`~masd.edges.http.shared.HttpRefusal` before the body is read.
 """
 
@@ -63,6 +66,8 @@ def authenticate(rt: Runtime, routes: Mapping[web.AbstractRoute, Route]) -> Midd
         need = "anyone" if route is None else route.auth
         if need == "admin":
             admin(rt, request)
+        elif need == "console" and not rt.config.server.console:
+            raise HttpRefusal("not-found", f"path: {request.path} is not served here")
         elif need == "peer":
             try:
                 request[PRINCIPAL] = peer(rt, request)

@@ -24,6 +24,7 @@ from masd.edges.http import (
     case,
     cases,
     clock,
+    console,
     events,
     healthz,
     messages,
@@ -49,6 +50,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     *cases.ROUTES,
     *events.ROUTES,
     *outbox.ROUTES,
+    *console.ROUTES,
 )
 
 AioExpect = Callable[[web.Request], Awaitable[web.StreamResponse | None]]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal, TypeVar
 
 from aiohttp import hdrs, web
 
 from masd.clock import Clock
+from masd.console.sessions import Sessions
 from masd.core.errors import Answer
 from masd.edges.context import EdgeContext
 from masd.metrics import Metrics
@@ -37,6 +38,8 @@ OUTBOX_PATH: Final = "/mas/v0.1/admin/outbox"
 #: The test clock (masd serve --test-clock only).
 CLOCK_PATH: Final = "/mas/v0.1/test/clock"
 HEALTHZ_PATH: Final = "/healthz"
+#: The operator console (``server.console``), its pages under this prefix.
+CONSOLE_PATH: Final = "/console"
 METRICS_PATH: Final = "/metrics"
 
 # ------------------------------------------------------------------ limits
@@ -178,7 +181,8 @@ def int_param(request: web.Request, name: str, default: int, low: int, high: int
 @dataclass(frozen=True)
 class Served:
     """What the routes work with: the edge's runtime, store, clock, counters, the
-    listener told of each commit, the event feed's watch and its hub."""
+    listener told of each commit, the event feed's watch and its hub, and who is signed
+    in to the console."""
 
     rt: Runtime
     store: Store
@@ -187,6 +191,7 @@ class Served:
     on_commit: CommitListener
     feed: FeedWatch
     hub: FeedHub
+    sessions: Sessions = field(default_factory=Sessions)
 
     @classmethod
     def of(cls, ctx: EdgeContext, feed: FeedWatch) -> Served:
@@ -198,8 +203,9 @@ class Served:
 Handler = Callable[[web.Request, Served], Awaitable[web.StreamResponse]]
 #: An ``Expect:`` handler (aiohttp's), run before the handler and its middleware.
 Expect = Callable[[web.Request, Served], Awaitable[web.StreamResponse | None]]
-#: Who may use a route: a peer's secret, the admin secret, or anyone.
-Auth = Literal["peer", "admin", "anyone"]
+#: Who may use a route: a peer's secret, the admin secret, anyone, or the console's
+#: (served while ``server.console`` is on; its module checks the session cookie).
+Auth = Literal["peer", "admin", "anyone", "console"]
 
 
 @dataclass(frozen=True)
