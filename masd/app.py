@@ -43,7 +43,7 @@ from masd.edges.timer import DeadlineTimer
 from masd.logs import keep_secrets
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
-from masd.service import PURGE_BATCH, Runtime, Wakes, purge, reloading
+from masd.service import PURGE_BATCH, Runtime, Wakes, expired, purge, reloading, retire
 from masd.store import Store
 
 log = logging.getLogger("masd.app")
@@ -300,7 +300,8 @@ class App:
             await asyncio.to_thread(self.store.close)
 
     async def _housekeeping(self) -> None:
-        """Purge expired dedupe, idempotency and delivered outbox rows, hourly."""
+        """Purge expired dedupe, idempotency, delivered outbox and send log rows, and
+        the cases past their type's ``retain``, hourly."""
         while True:
             try:
                 removed = await self.purge()
@@ -320,7 +321,26 @@ class App:
             for table, n in removed.items():
                 total[table] = total.get(table, 0) + n
             if max(removed.values()) < PURGE_BATCH:
-                return total
+                break
+        return self._add(total, await self.retire(now))
+
+    async def retire(self, now: float) -> dict[str, int]:
+        """Cases past their type's ``retain`` removed, a bounded batch per store job:
+        found by a read, then each checked again as the write removes it."""
+        assert self.store is not None
+        total: dict[str, int] = {}
+        while found := await self.store.read(functools.partial(expired, self.rt, now=now)):
+            removed = await self.store.write(functools.partial(retire, found=found))
+            self._add(total, {f"retired_{k}": n for k, n in removed.items()})
+            if removed["cases"] == 0:
+                break  # what was found is no longer expired (a mail came): next time
+        return total
+
+    @staticmethod
+    def _add(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+        for table, n in more.items():
+            total[table] = total.get(table, 0) + n
+        return total
 
     async def _drain_lmtp(self) -> None:
         loop = asyncio.get_running_loop()

@@ -67,7 +67,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "store": frozenset({"core"}),
     # The gauges of GET /metrics are read from the store.
     "metrics": frozenset({"core", "store"}),
-    "service": frozenset({"core", "config", "store", "metrics"}),
+    "service": frozenset({"logs", "core", "config", "store", "metrics"}),
     "read": frozenset({"core", "store"}),
     "edges": frozenset(
         {

@@ -39,7 +39,7 @@ def test_purge_forgets_only_expired_rows(tmp_path: Path) -> None:
 
         store.write_sync(fill)
         removed = store.write_sync(lambda db: purge(db, now))
-        assert removed == {"deliveries": 1, "idempotency": 1, "outbox": 1}
+        assert removed == {"deliveries": 1, "idempotency": 1, "outbox": 1, "send_log": 0}
         left = store.read_sync(
             lambda db: (
                 db.execute("SELECT dedupe FROM deliveries").fetchall(),
@@ -82,6 +82,7 @@ def test_a_large_backlog_goes_in_bounded_jobs(tmp_path: Path) -> None:
                 "deliveries": old - PURGE_BATCH,
                 "idempotency": 0,
                 "outbox": 0,
+                "send_log": 0,
             }
             left = await app.store.read(
                 lambda db: db.execute("SELECT dedupe FROM deliveries").fetchall()

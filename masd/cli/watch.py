@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -343,12 +343,12 @@ def _change_in_store(config: Config, what: str, item_id: int | None) -> Answer:
 
 @click.command()
 @CONFIG
-@click.argument("file", type=click.File("rb"))
+@click.argument("file", type=click.Path(allow_dash=True, dir_okay=True))
 @click.option("--rcpt", default=None, help="The envelope recipient (default: from the headers).")
 @click.option("--mail-from", default=None, help="The envelope sender (default: the From).")
 @click.option("--json", "as_json", is_flag=True, help="The explanation as JSON.")
 def explain(
-    config_file: Path, file: IO[bytes], rcpt: str | None, mail_from: str | None, as_json: bool
+    config_file: Path, file: str, rcpt: str | None, mail_from: str | None, as_json: bool
 ) -> None:
     """What masd would do with the mail in FILE (- for stdin), as a dry run.
 
@@ -358,13 +358,18 @@ def explain(
     would do (open a case, hand off, acknowledge, refuse, with the reason).
     What only the store knows is assumed, and said. Without --rcpt the first
     Delivered-To, X-Original-To, To or Cc address at a configured domain.
+    FILE must be a regular file; it is read up to server.max_message_bytes.
     """
     from masd.clock import Clock
-    from masd.ops.explain import default_recipient, format_explained
+    from masd.ops.explain import MailFileError, default_recipient, format_explained, read_mail
     from masd.ops.explain import explain as run
 
     config = load(config_file)
-    raw = file.read()
+    try:
+        raw = read_mail(file, config.server.max_message_bytes, sys.stdin.buffer)
+    except MailFileError as exc:
+        click.echo(f"masd: {exc}", err=True)
+        raise SystemExit(2) from exc
     rcpt = rcpt or default_recipient(raw, config)
     if rcpt is None:
         domains = ", ".join(sorted(config.domains)) or "(none)"

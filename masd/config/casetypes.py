@@ -23,7 +23,9 @@ from masd.config.signing import SIGNING_KEYS, parse_signing
 from masd.config.values import url_problem, webhook_among
 
 ROLES: Final = ("master", "slave")
-_COMMON_TYPE_KEYS: Final = frozenset({"role", "require_dmarc_for_handoff", "send_cap"})
+_COMMON_TYPE_KEYS: Final = frozenset({"role", "require_dmarc_for_handoff", "send_cap", "retain"})
+#: How long a case is kept after its last thread entry, by default (docs/protocol.md §18).
+DEFAULT_RETAIN: Final = "400d"
 # Keys that belong to one role only, with the reason they are wrong in the other.
 _MASTER_ONLY: Final = {
     "modes": "modes do not apply to slave types, docs/protocol.md §13",
@@ -73,6 +75,9 @@ def parse_type(check: Checker, domain: str, name: str, raw: object, path: str) -
     # docs/protocol.md §4: "type option require_dmarc_for_handoff, default true".
     dmarc = check.get(table, path, "require_dmarc_for_handoff", bool, True)
     send_cap = _parse_send_cap(check, table, path)
+    retain = check.duration(
+        join(path, "retain"), check.get(table, path, "retain", str, DEFAULT_RETAIN)
+    )
 
     # A role missing or misspelt is one error; every other key present is
     # still checked by its own rules, so the operator sees all errors at once.
@@ -99,6 +104,7 @@ def parse_type(check: Checker, domain: str, name: str, raw: object, path: str) -
         master=master,
         policy=policy,
         webhooks=webhooks,
+        retain=retain,
     )
 
 

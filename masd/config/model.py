@@ -113,6 +113,8 @@ class TypeConfig:
     master: MasterPeer | None
     policy: Policy
     webhooks: tuple[Webhook, ...]
+    #: Seconds a case without an open handoff is kept after its last thread entry.
+    retain: float = 400 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,8 @@ class ServerConfig:
     hostname: str
     max_lmtp_sessions: int = 100
     max_http_connections: int = 1000
+    #: Event-feed followers at once (SSE streams, held long polls); read at each request.
+    max_followers: int = 100
     #: Where ``<domain>.toml`` files are read from; a missing directory is an
     #: error only when ``domains_dir`` was set.
     domains_dir: Path | None = None

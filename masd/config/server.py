@@ -40,6 +40,7 @@ _SERVER_KEYS: Final = frozenset(
         "hostname",
         "max_lmtp_sessions",
         "max_http_connections",
+        "max_followers",
         "domains_dir",
         "max_policy_connections",
         "max_milter_connections",
@@ -106,6 +107,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         hostname=hostname,
         max_lmtp_sessions=limits["max_lmtp_sessions"],
         max_http_connections=limits["max_http_connections"],
+        max_followers=limits["max_followers"],
         domains_dir=check.resolve(domains_dir or DEFAULT_DOMAINS_DIR),
         domains_dir_set="domains_dir" in table,
         claim_timeout=claim_timeout,
@@ -283,7 +285,7 @@ def _delimiter(check: Checker, table: Mapping[str, Any]) -> str:
 
 
 def _limits(check: Checker, table: Mapping[str, Any]) -> dict[str, int]:
-    """The positive integers: message size and the listeners' connection caps."""
+    """The positive integers: message size, the listeners' connection caps, feed followers."""
     limits = {}
     for key, default in (
         ("max_message_bytes", 26214400),
@@ -291,6 +293,7 @@ def _limits(check: Checker, table: Mapping[str, Any]) -> dict[str, int]:
         ("max_http_connections", 1000),
         ("max_policy_connections", 100),
         ("max_milter_connections", 100),
+        ("max_followers", 100),
     ):
         limits[key] = check.get(table, PATH, key, int, default)
         if limits[key] <= 0:

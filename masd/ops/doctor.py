@@ -38,7 +38,13 @@ from masd.core.event import build_event
 from masd.core.times import rfc3339
 from masd.core.trust import TrustCause, TrustSettings
 from masd.service.trust_watch import WINDOW
-from masd.store.probe import DoctorStoreError, RecentMessage, check_writable, recent_messages
+from masd.store.probe import (
+    DoctorStoreError,
+    RecentMessage,
+    check_writable,
+    recent_messages,
+    table_sizes,
+)
 
 #: Bound of every connection the doctor makes.
 TIMEOUT: Final = 3.0
@@ -369,6 +375,30 @@ def check_store(config: Config, messages: int) -> list[Finding]:
     return [*found, trust_finding(summarize(causes), config.server.trusted_authserv_ids)]
 
 
+def check_tables(config: Config) -> list[Finding]:
+    """How much each table of the store holds: rows, and bytes where cheap to tell."""
+    database = config.server.database
+    if not isinstance(database, Path) or not database.exists():
+        return []
+    try:
+        sizes = table_sizes(database)
+    except DoctorStoreError as exc:
+        return [Finding(False, "store tables", exc.detail)]
+    parts = [
+        f"{t.name} {t.rows:,} rows" + ("" if t.bytes is None else f" ({_size(t.bytes)})")
+        for t in sizes
+    ]
+    return [Finding(True, "store tables", ", ".join(parts) or "none")]
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n //= 1024
+    return f"{n:,} GiB"
+
+
 def check_dkim(config: Config) -> list[Finding]:
     import dkim
 
@@ -402,6 +432,7 @@ def diagnose(config: Config, *, messages: int = WINDOW) -> list[Finding]:
     return [
         *check_listeners(config),
         *check_store(config, messages),
+        *check_tables(config),
         *check_dkim(config),
         *check_peers(config),
     ]

@@ -16,9 +16,11 @@ send caps count from zero); a slave case has its type's default policy.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+import stat
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any, Final
 
 from masd.config import Config
 from masd.core.address import Address
@@ -76,6 +78,43 @@ class Explained:
             "would": self.would,
             "assumed": self.assumed,
         }
+
+
+class MailFileError(Exception):
+    """The file given to ``masd explain`` cannot be read as a mail."""
+
+
+#: What a file that is not a regular one is, by its type.
+_KINDS: Final[tuple[tuple[Callable[[int], bool], str], ...]] = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_mail(path: str, limit: int, stdin: IO[bytes]) -> bytes:
+    """The mail in ``path`` (``-``: ``stdin``), read to at most ``limit`` + 1 octets
+    (one more tells that it is over ``server.max_message_bytes``).
+
+    Only a regular file is read (a device such as ``/dev/zero`` never ends): anything
+    else is a :class:`MailFileError` naming it.  The file is opened without blocking,
+    so a named pipe is refused rather than waited on.
+    """
+    if path == "-":
+        return stdin.read(limit + 1)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        raise MailFileError(f"{path}: cannot open: {exc.strerror}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        raise MailFileError(f"{path}: not a regular file ({kind}); give a mail's file or -")
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read(limit + 1)
 
 
 def default_recipient(raw: bytes, config: Config) -> str | None:

@@ -200,6 +200,10 @@ class CaseFilter:
     domain: str | None = None
 
 
+#: The largest ``pos`` the store can hold (SQLite's INTEGER, 64 bits signed).
+MAX_POS: Final = 2**63 - 1
+
+
 def case_cursor(pos: int) -> str:
     return f"{_CASE_CURSOR}{pos}"
 
@@ -208,7 +212,9 @@ def parse_case_cursor(text: str) -> int | None:
     """The ``pos`` in a case list cursor, or None when ``text`` is not one."""
     digits = text[len(_CASE_CURSOR) :]
     ok = text.startswith(_CASE_CURSOR) and digits.isascii() and digits.isdigit()
-    return int(digits) if ok and len(digits) <= 19 else None
+    # The length first (no conversion of thousands of digits), then the store's range.
+    pos = int(digits) if ok and len(digits) <= 19 else None
+    return pos if pos is not None and pos <= MAX_POS else None
 
 
 def _case_item(r: ListedCase) -> dict[str, Any]:

@@ -11,8 +11,9 @@ and sees nothing twice, across restarts of masd and of the client alike.
 polling: the app pokes it after each committed store job (every edge tells
 the app's commit listener), and a waiter also looks again every
 :data:`POLL_SECONDS`, so a commit nobody announced (another process writing
-the store) is seen too.  :func:`follow` is the long poll of
-``GET /mas/v0.1/events?wait=S`` and the loop behind ``masd tail --follow``.
+the store) is seen too.  Its one waiter is the feed's hub
+(:mod:`masd.read.feed_hub`), which reads and encodes each commit's events
+once (:func:`encoded`) for every follower.
 """
 
 from __future__ import annotations
@@ -66,6 +67,52 @@ def event_json(row: EntryRow) -> dict[str, Any]:
         "case": {"address": row.address, "key": row.case_key},
         "entry": row_json(row),
     }
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One event encoded once, for every follower: its JSON and its SSE frame."""
+
+    pos: int
+    case_key: str
+    json: bytes
+    sse: bytes
+
+
+def encode(row: EntryRow) -> Encoded:
+    """The event of ``row`` as JSON and as a Server-Sent Event (``id``, ``event``, ``data``)."""
+    event = event_json(row)
+    data = json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    head = f"id: {event['cursor']}\nevent: {row.kind}\ndata: ".encode()
+    return Encoded(row.pos, row.case_key, data, head + data + b"\n\n")
+
+
+@dataclass(frozen=True)
+class Encodings:
+    """Events after a ``pos``, encoded, and how far the store was looked at: ``upto``
+    is the last event's ``pos`` for a full page, else the store's latest (a page
+    of one case that found nothing more has still looked that far)."""
+
+    items: list[Encoded]
+    upto: int
+    ahead: bool = False
+
+
+def encoded(tx: Tx, after: int, limit: int, case_key: str | None = None) -> Encodings:
+    """Up to ``limit`` events after ``after``, encoded (in the read's thread)."""
+    rows = events(tx, after, max(1, limit), case_key)
+    items = [encode(r) for r in rows]
+    if len(rows) >= limit:
+        return Encodings(items, rows[-1].pos)
+    latest_pos = last_pos(tx)
+    return Encodings(items, max(latest_pos, after), ahead=not rows and after > latest_pos)
+
+
+def body(items: list[Encoded], after: int) -> bytes:
+    """``{"events": [...], "next": CURSOR}`` of encoded events (``next``: ``after``'s
+    cursor when there are none)."""
+    nxt = cursor(items[-1].pos if items else after)
+    return b'{"events":[' + b",".join(i.json for i in items) + f'],"next":"{nxt}"}}'.encode()
 
 
 @dataclass(frozen=True)
@@ -141,28 +188,6 @@ class FeedWatch:
             await asyncio.wait_for(self._event.wait(), min(timeout, POLL_SECONDS))
 
 
-async def follow(
-    store: Store,
-    watch: FeedWatch,
-    after: int,
-    *,
-    limit: int = DEFAULT_EVENTS,
-    case_key: str | None = None,
-    wait: float = 0.0,
-) -> Page:
-    """The next page after ``after``; with ``wait`` (seconds), held until it
-    has an event, the time is up, or masd stops."""
-    loop = asyncio.get_running_loop()
-    until = loop.time() + wait
-    while True:
-        mark = watch.mark()
-        found = await store.read(lambda tx: page(tx, after, limit, case_key))
-        left = until - loop.time()
-        if found.events or found.ahead or watch.closed or left <= 0:
-            return found
-        await watch.wait(mark, left)
-
-
 async def stream(
     store: Store,
     watch: FeedWatch,
@@ -172,7 +197,11 @@ async def stream(
     idle: float = 15.0,
 ) -> AsyncIterator[Page]:
     """Pages after ``after`` as they commit, until masd stops; an empty page
-    (nothing new) after ``idle`` seconds of silence, for a keep-alive."""
+    (nothing new) after ``idle`` seconds of silence, for a keep-alive.
+
+    One reader's own loop (the operator console's live view, a few sessions);
+    the HTTP feed's followers share :class:`masd.read.feed_hub.FeedHub` instead.
+    """
     loop = asyncio.get_running_loop()
     quiet_since = loop.time()
     while not watch.closed:
@@ -194,15 +223,3 @@ async def stream(
             yield found
         await watch.wait(mark, quiet_since + idle - loop.time())
         await asyncio.sleep(MIN_GAP_SECONDS)
-
-
-def sse(found: Page) -> bytes:
-    """The page as Server-Sent Events (``id``, ``event``, ``data``); a comment
-    line when it is empty (a keep-alive)."""
-    if not found.events:
-        return b": keep-alive\n\n"
-    parts = []
-    for event in found.events:
-        data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-        parts.append(f"id: {event['cursor']}\nevent: {event['entry']['kind']}\ndata: {data}\n\n")
-    return "".join(parts).encode("utf-8")

@@ -31,7 +31,10 @@ from masd.service.housekeeping import (
     DONE_OUTBOX_KEPT,
     IDEMPOTENCY_WINDOW,
     PURGE_BATCH,
+    RETIRE_BATCH,
+    expired,
     purge,
+    retire,
 )
 from masd.service.intake import DEDUPE_WINDOW, Delivered, dedupe_key, deliver
 from masd.service.outbox import (
@@ -71,6 +74,7 @@ __all__ = [
     "MAX_TYPE_VIEWS",
     "NO_WAKES",
     "PURGE_BATCH",
+    "RETIRE_BATCH",
     "Applied",
     "CommitListener",
     "Delivered",
@@ -88,6 +92,7 @@ __all__ = [
     "dedupe_key",
     "deliver",
     "due_deadlines",
+    "expired",
     "fire_deadline",
     "load_case",
     "load_handoff",
@@ -106,4 +111,5 @@ __all__ = [
     "policy_of",
     "purge",
     "receive",
+    "retire",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +45,21 @@ def _create_private(path: Path) -> None:
     empty file for a new database)."""
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+
+
+def _private_copy(dest: Path, owner: Path) -> Path:
+    """A new empty file beside ``dest`` under a random name, created exclusively
+    (never one somebody made in advance), mode 0600, owned by whoever owns
+    ``owner`` (masd's user, when root runs the backup)."""
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        if os.geteuid() == 0:
+            st = os.stat(owner)
+            os.fchown(fd, st.st_uid, st.st_gid)
+    finally:
+        os.close(fd)
+    return Path(name)
 
 
 def connect(
@@ -225,10 +241,10 @@ def backup(path: str | Path, dest: str | Path) -> None:
         raise StoreError(
             f"cannot back up store to {dest_path}: directory {dest_path.parent} does not exist"
         )
-    tmp = dest_path.with_name(f".{dest_path.name}.{os.getpid()}.tmp")
     src = connect(src_path, query_only=True)
+    tmp: Path | None = None  # ours to remove if the copy fails
     try:
-        _create_private(tmp)
+        tmp = _private_copy(dest_path, owner=src_path)
         dst = sqlite3.connect(str(tmp), isolation_level=None)
         try:
             src.backup(dst)
@@ -244,7 +260,7 @@ def backup(path: str | Path, dest: str | Path) -> None:
         finally:
             os.close(dir_fd)
     except (sqlite3.Error, OSError) as exc:
-        for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
+        for leftover in () if tmp is None else (tmp, tmp.with_name(tmp.name + "-journal")):
             with contextlib.suppress(OSError):
                 leftover.unlink()
         raise StoreError(f"cannot back up store {src_path} to {dest_path}: {reason(exc)}") from exc

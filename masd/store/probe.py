@@ -11,6 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+from urllib.parse import quote
 
 from masd.core.errors import MasdError
 
@@ -44,7 +45,9 @@ def _connect(database: Path) -> sqlite3.Connection:
     if not database.exists():
         raise DoctorStoreError(f"{database} does not exist (masd creates it when it starts)")
     try:
-        db = sqlite3.connect(f"file:{database}?mode=rw", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        # The path quoted: a "#" or "?" in it would end the file name of the URI.
+        uri = f"file:{quote(str(database.absolute()))}?mode=rw"
+        db = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
     except sqlite3.Error as exc:
         raise DoctorStoreError(f"cannot open {database}: {exc}") from exc
     db.isolation_level = None  # transactions are begun explicitly below
@@ -82,3 +85,48 @@ def recent_messages(database: Path, limit: int) -> list[RecentMessage]:
         RecentMessage(str(ref), float(at), dmarc, sid, str(frm or ""), str(to or ""), bytes(head))
         for ref, at, dmarc, sid, frm, to, head in rows
     ]
+
+
+@dataclass(frozen=True)
+class TableSize:
+    """One table of the store: its rows, and its bytes (with its indexes) when cheap to tell."""
+
+    name: str
+    rows: int
+    bytes: int | None
+
+
+#: Below this size the store's pages are walked for each table's bytes (``dbstat``);
+#: above it, only the rows are counted (walking every page of a large store is slow).
+DBSTAT_MAX_BYTES: Final = 256 * 1024 * 1024
+
+
+def table_sizes(database: Path) -> list[TableSize]:
+    """Rows (and bytes, see :data:`DBSTAT_MAX_BYTES`) of every table of the store, by name."""
+    db = _connect(database)
+    try:
+        names = [
+            str(n)
+            for (n,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name NOT LIKE 'sqlite_%' ORDER BY name"
+            )
+        ]
+        counts = {n: int(db.execute(f'SELECT COUNT(*) FROM "{n}"').fetchone()[0]) for n in names}  # noqa: S608 - names from the schema
+        sizes: dict[str, int] = {}
+        if database.stat().st_size <= DBSTAT_MAX_BYTES:
+            try:
+                sizes = {
+                    str(t): int(b)
+                    for t, b in db.execute(
+                        "SELECT m.tbl_name, SUM(d.pgsize) FROM dbstat d "
+                        "JOIN sqlite_master m ON m.name = d.name GROUP BY m.tbl_name"
+                    )
+                }
+            except sqlite3.Error:
+                sizes = {}  # SQLite built without dbstat: rows only
+    except sqlite3.Error as exc:
+        raise DoctorStoreError(f"cannot count the tables of {database}: {exc}") from exc
+    finally:
+        db.close()
+    return [TableSize(n, counts[n], sizes.get(n)) for n in names]

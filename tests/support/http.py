@@ -149,6 +149,7 @@ class Running:
     server: HttpServer
     client: httpx.AsyncClient
     commits: list[int] = field(default_factory=list)
+    edge: HttpEdge | None = None
 
     async def open_callback_case(self, subject: str = "Printer jams") -> tuple[str, str]:
         """A case opened by ``ticket!callback@help.example``: (case key, handoff id)."""
@@ -219,7 +220,7 @@ async def serving(
             transport = httpx.AsyncHTTPTransport(uds=first)
             base = "http://masd"
         async with httpx.AsyncClient(base_url=base, transport=transport, timeout=10) as client:
-            yield Running(config, rt, store, clock, metrics, server, client, commits)
+            yield Running(config, rt, store, clock, metrics, server, client, commits, edge)
     finally:
         await server.close()
         store.close()

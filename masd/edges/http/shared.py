@@ -21,6 +21,7 @@ from masd.core.errors import Answer
 from masd.edges.context import EdgeContext
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
+from masd.read.feed_hub import FeedHub
 from masd.service import CommitListener, Runtime
 from masd.store import Store, StoreError
 
@@ -165,9 +166,13 @@ def int_param(request: web.Request, name: str, default: int, low: int, high: int
     text = request.query.get(name)
     if text is None:
         return default
-    if not text.isascii() or not text.isdigit() or not low <= int(text) <= high:
+    # The length is checked before the conversion: int() refuses (or takes long over)
+    # thousands of digits.
+    digits = text.lstrip("0") or "0"
+    ok = text.isascii() and text.isdigit() and len(digits) <= len(str(high))
+    if not ok or not low <= int(digits) <= high:
         raise bad(name, f"{show(text)} is not an integer from {low} to {high}")
-    return int(text)
+    return int(digits)
 
 
 # ------------------------------------------------------------------ routes
@@ -176,8 +181,8 @@ def int_param(request: web.Request, name: str, default: int, low: int, high: int
 @dataclass(frozen=True)
 class Served:
     """What the routes work with: the edge's runtime, store, clock, counters, the
-    listener told of each commit, the event feed's watch, and who is signed in to the
-    console."""
+    listener told of each commit, the event feed's watch and its hub, and who is signed
+    in to the console."""
 
     rt: Runtime
     store: Store
@@ -185,11 +190,13 @@ class Served:
     metrics: Metrics
     on_commit: CommitListener
     feed: FeedWatch
+    hub: FeedHub
     sessions: Sessions = field(default_factory=Sessions)
 
     @classmethod
     def of(cls, ctx: EdgeContext, feed: FeedWatch) -> Served:
-        return cls(ctx.rt, ctx.store, ctx.clock, ctx.metrics, ctx.listener, feed)
+        hub = FeedHub(ctx.store, feed)
+        return cls(ctx.rt, ctx.store, ctx.clock, ctx.metrics, ctx.listener, feed, hub)
 
 
 #: A route's handler: the request, and what it works with.

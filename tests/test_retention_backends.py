@@ -1,0 +1,78 @@
+"""Retention's queries on each backend, SQLite and PostgreSQL (masd.store.retention)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.pgserver import fresh_database, pg_server  # noqa: F401
+
+from masd.core.engine import CaseView
+from masd.store import Store, cases, open_store, outbox, retention
+from masd.store.handoffs import NewHandoff, open_handoff
+from masd.store.outbox import NewRow
+from masd.store.pg_backend import PgStore
+from masd.store.sql import Tx, value
+from masd.store.thread import append_thread
+
+Backend = Store | PgStore
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    if request.param == "sqlite":
+        with Store.open(tmp_path / "masd.db") as store:
+            yield store
+        return
+    try:
+        importlib.import_module("masd.store.pg_admin")
+    except ImportError:
+        if os.environ.get("MASD_REQUIRE_SYSTEM_TESTS"):
+            raise
+        pytest.skip("the PostgreSQL schema is not in this tree")
+    uri = fresh_database(request.getfixturevalue("pg_server"))
+    with open_store(uri) as store:
+        assert isinstance(store, PgStore)
+        yield store
+
+
+def _case(tx: Tx, key: str, at: float) -> None:
+    cases.create(
+        tx, CaseView(key, f"{key}@example.org", "example.org", "ticket", key, "master", "a@b.c"), at
+    )
+    append_thread(tx, key, "mail.in", {"n": 1}, at=at)
+
+
+def test_expired_cases_and_their_removal(backend: Backend) -> None:
+    def fill(tx: Tx) -> None:
+        _case(tx, "old", 10.0)
+        _case(tx, "open", 10.0)
+        open_handoff(tx, NewHandoff("h1", "open", "support", "peer", 500.0, False, None, {}), 11.0)
+        _case(tx, "young", 90.0)
+        _case(tx, "latest", 10.0)  # its entry is the store's newest
+        row = NewRow("contract", "q1", "peer", "old", "http://x/", {"type": "t", "id": "m1"})
+        done = outbox.queue(tx, row, 1.0, 100.0)
+        outbox.done_many(tx, [done], 12.0)
+
+    backend.write_sync(fill)
+    found = backend.read_sync(
+        lambda tx: retention.expired_cases(tx, "example.org", "ticket", 50.0, 10)
+    )
+    assert found == ["old"]
+    assert backend.read_sync(lambda tx: retention.still_expired(tx, "old", 50.0))
+    assert not backend.read_sync(lambda tx: retention.still_expired(tx, "young", 50.0))
+    removed = backend.write_sync(lambda tx: retention.remove_case(tx, "old"))
+    assert removed["cases"] == 1
+    assert removed["thread"] == 1
+    assert removed["outbox"] == 1
+    left = backend.read_sync(
+        lambda tx: (
+            value(tx, "SELECT COUNT(*) FROM cases"),
+            value(tx, "SELECT COUNT(*) FROM outbox_sent"),
+        )
+    )
+    assert left == (3, 0)
+    assert backend.write_sync(lambda tx: retention.purge_send_log(tx, 50.0, 10)) == 0
