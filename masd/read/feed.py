@@ -21,13 +21,14 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from masd.read.case_views import row_json
 from masd.store import Store, Tx
 from masd.store.entries import EntryRow, events, last_events, last_pos
+from masd.store.message_reads import scoped_events
 
 #: ``limit`` of a page of events: default and largest.
 DEFAULT_EVENTS: Final = 100
@@ -81,14 +82,24 @@ class Page:
         return {"events": self.events, "next": self.next}
 
 
-def page(tx: Tx, after: int, limit: int = DEFAULT_EVENTS, case_key: str | None = None) -> Page:
-    """The events after ``pos`` ``after`` (of one case if ``case_key``), at most ``limit``.
+def page(
+    tx: Tx,
+    after: int,
+    limit: int = DEFAULT_EVENTS,
+    case_key: str | None = None,
+    scope: Sequence[str] | None = None,
+) -> Page:
+    """The events after ``pos`` ``after`` (of one case if ``case_key``; of the cases of
+    ``scope``'s ``"domain/type"`` pairs only, if given), at most ``limit``.
 
     ``ahead``: nothing follows ``after`` and the store's latest entry comes
     before it, so the cursor came from another store (one this was restored
     over from a backup, say): resuming there would skip what comes next.
     """
-    rows = events(tx, after, max(1, limit), case_key)
+    if scope is None:
+        rows = events(tx, after, max(1, limit), case_key)
+    else:
+        rows = scoped_events(tx, after, max(1, limit), case_key, scope)
     if rows:
         return Page([event_json(r) for r in rows], cursor(rows[-1].pos))
     return Page([], cursor(after), ahead=after > last_pos(tx))
@@ -149,6 +160,7 @@ async def follow(
     limit: int = DEFAULT_EVENTS,
     case_key: str | None = None,
     wait: float = 0.0,
+    scope: Sequence[str] | None = None,
 ) -> Page:
     """The next page after ``after``; with ``wait`` (seconds), held until it
     has an event, the time is up, or masd stops."""
@@ -156,7 +168,7 @@ async def follow(
     until = loop.time() + wait
     while True:
         mark = watch.mark()
-        found = await store.read(lambda tx: page(tx, after, limit, case_key))
+        found = await store.read(lambda tx: page(tx, after, limit, case_key, scope))
         left = until - loop.time()
         if found.events or found.ahead or watch.closed or left <= 0:
             return found
@@ -170,6 +182,7 @@ async def stream(
     *,
     case_key: str | None = None,
     idle: float = 15.0,
+    scope: Sequence[str] | None = None,
 ) -> AsyncIterator[Page]:
     """Pages after ``after`` as they commit, until masd stops; an empty page
     (nothing new) after ``idle`` seconds of silence, for a keep-alive."""
@@ -178,7 +191,7 @@ async def stream(
     while not watch.closed:
         mark = watch.mark()
         found = await store.read(
-            functools.partial(page, after=after, limit=MAX_EVENTS, case_key=case_key)
+            functools.partial(page, after=after, limit=MAX_EVENTS, case_key=case_key, scope=scope)
         )
         if found.ahead:
             yield found

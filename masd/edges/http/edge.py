@@ -26,6 +26,8 @@ from masd.edges.http import (
     clock,
     events,
     healthz,
+    intakes,
+    message,
     messages,
     metrics,
     outbox,
@@ -49,6 +51,8 @@ ROUTES: Final[tuple[Route, ...]] = (
     *cases.ROUTES,
     *events.ROUTES,
     *outbox.ROUTES,
+    *message.ROUTES,
+    *intakes.ROUTES,
 )
 
 AioExpect = Callable[[web.Request], Awaitable[web.StreamResponse | None]]

@@ -14,6 +14,7 @@ from typing import Final
 
 from aiohttp import hdrs, web
 
+from masd.edges.http.auth import READER, may_read
 from masd.edges.http.shared import (
     EVENTS_PATH,
     HttpRefusal,
@@ -26,6 +27,7 @@ from masd.edges.http.shared import (
 )
 from masd.read import case_views as readside
 from masd.read import feed
+from masd.read.access import Owned
 from masd.store import StoreError
 
 log = logging.getLogger("masd.http")
@@ -49,13 +51,18 @@ async def events(request: web.Request, edge: Served) -> web.StreamResponse:
         raise bad("after", f"{show(text)} is not a cursor of the event feed")
     limit = int_param(request, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
     wait = int_param(request, "wait", 0, 0, feed.MAX_WAIT)
-    case_key = await _case_key(edge, request.query.get("case"))
+    case_key = await _case_key(request, edge, request.query.get("case"))
+    scope = request[READER].scope
     first = await stored(
-        edge.store.read(functools.partial(feed.page, after=after, limit=limit, case_key=case_key))
+        edge.store.read(
+            functools.partial(feed.page, after=after, limit=limit, case_key=case_key, scope=scope)
+        )
     )
     if not first.events and not first.ahead and wait > 0 and not streaming:
         first = await stored(
-            feed.follow(edge.store, edge.feed, after, limit=limit, case_key=case_key, wait=wait)
+            feed.follow(
+                edge.store, edge.feed, after, limit=limit, case_key=case_key, wait=wait, scope=scope
+            )
         )
     if first.ahead:
         raise bad(
@@ -68,8 +75,9 @@ async def events(request: web.Request, edge: Served) -> web.StreamResponse:
     return await _stream(request, edge, first, case_key)
 
 
-async def _case_key(edge: Served, text: str | None) -> str | None:
-    """The key of the case ``case=`` names (address, key or an id only one case has)."""
+async def _case_key(request: web.Request, edge: Served, text: str | None) -> str | None:
+    """The key of the case ``case=`` names (address, key or an id only one case has),
+    which the reader must be entitled to."""
     if text is None:
         return None
     keys = await stored(edge.store.read(lambda tx: readside.keys_named(tx, text)))
@@ -77,6 +85,10 @@ async def _case_key(edge: Served, text: str | None) -> str | None:
         raise bad("case", f"{show(text)} is the id of {len(keys)} cases; give the address")
     if not keys:
         raise HttpRefusal("unknown-case", f"case: no case {text}")
+    found = await stored(edge.store.read(lambda tx: readside.case_json(tx, keys[0])))
+    if found is not None:
+        case = found["case"]
+        may_read(request, Owned(case["domain"], case["type"]), f"case {case['key']}")
     return keys[0]
 
 
@@ -90,7 +102,14 @@ async def _stream(
     try:
         if first.events:
             await response.write(feed.sse(first))
-        pages = feed.stream(edge.store, edge.feed, after, case_key=case_key, idle=KEEPALIVE_SECONDS)
+        pages = feed.stream(
+            edge.store,
+            edge.feed,
+            after,
+            case_key=case_key,
+            idle=KEEPALIVE_SECONDS,
+            scope=request[READER].scope,
+        )
         async for found in pages:
             await response.write(feed.sse(found))
     except (ConnectionError, StoreError) as exc:  # the client left, or the store failed
@@ -98,4 +117,4 @@ async def _stream(
     return response
 
 
-ROUTES: Final = (Route("GET", EVENTS_PATH, events, "admin"),)
+ROUTES: Final = (Route("GET", EVENTS_PATH, events, "reader"),)
