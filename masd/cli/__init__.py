@@ -10,6 +10,7 @@ import click
 from masd import __version__
 from masd.cli.common import CONFIG as _CONFIG
 from masd.cli.common import load as _load
+from masd.cli.mail import intake, message
 from masd.cli.watch import case, explain, queue, tail
 from masd.config import format_summary
 from masd.core.errors import MasdError
@@ -255,5 +256,5 @@ def conformance_coverage(flows_dir: Path | None) -> None:
 
 
 # The operator's view (docs/operations.md, "Watching masd").
-for _command in (case, tail, queue, explain):
+for _command in (case, message, intake, tail, queue, explain):
     main.add_command(_command)

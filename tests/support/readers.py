@@ -109,7 +109,8 @@ def attached(
     msg["Message-ID"] = f"<{secrets.token_hex(8)}@example.org>"
     msg.set_content("See the file.\n")
     maintype, subtype = ctype.split("/")
-    msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename, cte=cte)
+    extra = {} if cte is None else {"cte": cte}
+    msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename, **extra)
     return msg.as_bytes()
 
 

@@ -46,12 +46,12 @@ def byte_range(request: web.Request, length: int, etag: str) -> tuple[int, int] 
             raise _unsatisfiable(text, length)
         return max(length - count, 0), length - 1
     first = int(m.group(1))
-    last = length - 1 if m.group(2) == "" else int(m.group(2))
-    if last < first:
+    if m.group(2) != "" and int(m.group(2)) < first:
         return None  # not a valid range: ignored
     if first >= length:
         raise _unsatisfiable(text, length)
-    return first, min(last, length - 1)
+    last = length - 1 if m.group(2) == "" else min(int(m.group(2)), length - 1)
+    return first, last
 
 
 def _unsatisfiable(text: str, length: int) -> HttpRefusal:
