@@ -137,6 +137,8 @@ class ServerConfig:
     hostname: str
     max_lmtp_sessions: int = 100
     max_http_connections: int = 1000
+    #: Seconds masd waits for a peer's answer to a contract message (then: retried).
+    peer_timeout: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ _SERVER_KEYS: Final = frozenset(
         "recipient_delimiter",
         "max_message_bytes",
         "retry_for",
+        "peer_timeout",
         "hostname",
         "max_lmtp_sessions",
         "max_http_connections",
@@ -57,6 +58,8 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
     limits = _limits(check, table)
     retry_text = check.get(table, PATH, "retry_for", str, "3d")
     retry_for = check.duration(join(PATH, "retry_for"), retry_text)
+    peer_text = check.get(table, PATH, "peer_timeout", str, "10s")
+    peer_timeout = check.duration(join(PATH, "peer_timeout"), peer_text)
     hostname = check.get(table, PATH, "hostname", str, "localhost")
     try:
         hostname = ascii_host_name(hostname)
@@ -76,6 +79,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         recipient_delimiter=delimiter,
         max_message_bytes=limits["max_message_bytes"],
         retry_for=retry_for,
+        peer_timeout=peer_timeout,
         hostname=hostname,
         max_lmtp_sessions=limits["max_lmtp_sessions"],
         max_http_connections=limits["max_http_connections"],
