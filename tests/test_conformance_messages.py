@@ -771,7 +771,7 @@ async def _send_everything(m: Masd) -> None:
         "callback", "handoff.request", lambda j: j.get("handoff_id") == b["handoff_id"]
     )
     assert request["type"] == "handoff.request"
-    # An added field of the master role (docs/protocol.md §16.10): the handoff's deadline.
+    # An added field of the master role (docs/protocol.md §8.6): the handoff's deadline.
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", request["deadline_at"])
     negotiating = {
         "mas_modes_version": "0.1",

@@ -679,7 +679,7 @@ def test_read_side_needs_the_admin_secret(tmp_path: Path) -> None:
         key, _ = await r.open_callback_case()
         path = f"/mas/v0.1/cases/{key}"
         refused(await r.client.get(path), 401, "unauthenticated", "no Bearer")
-        # A mode endpoint's secret is known, and reads nothing (docs/protocol.md §16.9).
+        # A mode endpoint's secret is known, and reads nothing (docs/protocol.md §16.10).
         refused(await r.client.get(path, headers=auth(CALLBACK)), 403, "forbidden", "mode")
         refused(await r.client.get(path + "/thread", headers=auth("x")), 401, "unauthenticated")
         ok = await r.client.get(path, headers=auth(ADMIN))

@@ -73,7 +73,7 @@ def test_every_route_declares_who_may_use_it() -> None:
     assert needs.pop(("GET", "/healthz")) == "anyone"
     assert needs.pop(("GET", "/metrics")) == "anyone"
     assert needs
-    # The read side (docs/protocol.md §16.9): the admin, or a master for its own types.
+    # The read side (docs/protocol.md §16.10): the admin, or a master for its own types.
     readers = {path for (method, path), need in needs.items() if need == "reader"}
     assert readers == {
         "/mas/v0.1/cases",

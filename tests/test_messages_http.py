@@ -1,4 +1,4 @@
-"""The mail itself over real sockets against a running masd (docs/protocol.md §16.6-§16.8):
+"""The mail itself over real sockets against a running masd (docs/protocol.md §16.8-§16.9):
 a message's record, its raw bytes, its attachments (whole, HEAD, one Range, several, past
 the end), the intake list and a resend; and the commands that print the same."""
 

@@ -1,4 +1,4 @@
-"""``server.peer_timeout`` (docs/protocol.md §16.10): how long masd waits for a peer's
+"""``server.peer_timeout`` (docs/protocol.md §10): how long masd waits for a peer's
 answer; a peer that does not answer in time is retried like one that answered 5xx."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who reads what, over real sockets against a running masd (docs/protocol.md §16.9).
+"""Who reads what, over real sockets against a running masd (docs/protocol.md §16.10).
 
 One matrix: every read route, asked by the admin, by the master of each of two types, by
 a mode endpoint, by a webhook, with a secret nobody has and with none.  The admin reads

@@ -1,5 +1,5 @@
 """The mail itself and the intakes, for an operator: ``masd message show``,
-``masd intake list`` and ``masd intake resend`` (docs/protocol.md §16.6, §16.8).
+``masd intake list`` and ``masd intake resend`` (docs/protocol.md §16.6, §16.8, §16.9).
 
 ``message show`` and ``intake list`` read the store beside a running masd, as
 ``masd case show`` does; ``intake resend`` asks the running masd (its admin API), whose

@@ -106,7 +106,7 @@ def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
 
 
 def _texts(store: Store, thread: dict[str, Any] | None) -> dict[str, str]:
-    """The text of each mail.in of ``thread``, by message_ref (docs/protocol.md §16.6)."""
+    """The text of each mail.in of ``thread``, by message_ref (docs/protocol.md §16.6, §16.8)."""
     from masd.read.messages import message
 
     refs = [

@@ -387,7 +387,7 @@ def handoff_request(
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """docs/protocol.md §8 handoff.request; docs/protocol.md §6: "details holds subject and each
     field of the endpoint's fields list found in the mail's text".  ``deadline_at`` (the
-    master role's handoffs have one) is sent as RFC 3339, an added field (§16.10)."""
+    master role's handoffs have one) is sent as RFC 3339, an added field (docs/protocol.md §8.6)."""
     details = {"subject": mail.event.subject or ""}
     details.update(find_fields(mail.event.text or "", fields))
     message = envelope(

@@ -1,4 +1,4 @@
-"""Who may read what (docs/protocol.md §16.9): the one rule every read route goes by.
+"""Who may read what (docs/protocol.md §16.10): the one rule every read route goes by.
 
 The admin secret reads everything.  The outside master of a slave-role type reads, with
 its own secret, what belongs to the (domain, type) pairs it is the master of: their

@@ -1,5 +1,5 @@
 """The bytes of a recorded message and of its attachments, a piece at a time
-(docs/protocol.md §16.6).
+(docs/protocol.md §16.8).
 
 The raw message is read from the store in pieces of :data:`CHUNK` bytes
 (:func:`masd.store.message_reads.raw_range`), each its own read job, so serving a large

@@ -1,4 +1,4 @@
-"""The mail itself and the intakes as JSON (docs/protocol.md §16.6, §16.8).
+"""The mail itself and the intakes as JSON (docs/protocol.md §16.8, §16.9).
 
 ``message_json`` is the body of ``GET /mas/v0.1/messages/{ref}``; ``intakes_json`` of
 ``GET /mas/v0.1/intakes``.  Each runs inside one store read job.  The bytes of a message

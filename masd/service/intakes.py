@@ -1,4 +1,4 @@
-"""A pending intake's ``case.intake`` sent again (docs/protocol.md §16.8, ``masd intake
+"""A pending intake's ``case.intake`` sent again (docs/protocol.md §16.9, ``masd intake
 resend``): for a master that answered 200 and then lost it (crashed before it assigned the
 case), so the mail is not left stranded.
 

@@ -1,4 +1,4 @@
-"""The queries behind the mail itself and the pending intakes (docs/protocol.md §16.6-§16.8).
+"""The queries behind the mail itself and the pending intakes (docs/protocol.md §16.8-§16.10).
 
 A recorded message as the read side shows it (:func:`message`), its raw bytes whole
 (:func:`raw_whole`) or a range of them (:func:`raw_range`), read through SQLite's

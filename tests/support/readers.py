@@ -1,5 +1,5 @@
 """A running masd with a reader of every kind, for the read side's black-box tests
-(docs/protocol.md §16.6-§16.9).
+(docs/protocol.md §16.8-§16.10).
 
 The slave configuration of :func:`support.slave.write_slave_config` (type ``case`` of
 help.example under "the CRM", type ``order`` of help.example and ``case`` of

@@ -1,6 +1,6 @@
 """``GET /mas/v0.1/intakes``: slave-role intakes, pending or assigned, oldest first; and
 ``POST /mas/v0.1/intakes/{ref}/resend`` (admin): a pending intake's ``case.intake`` sent
-again with a fresh id (docs/protocol.md §16.8, :mod:`masd.read.messages`,
+again with a fresh id (docs/protocol.md §16.9, :mod:`masd.read.messages`,
 :mod:`masd.service.intakes`)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``GET /mas/v0.1/messages/{ref}``, its ``/raw`` bytes and its ``/attachments/{n}``
-(docs/protocol.md §16.6, :mod:`masd.read.messages`, :mod:`masd.read.message_bytes`).
+(docs/protocol.md §16.8, :mod:`masd.read.messages`, :mod:`masd.read.message_bytes`).
 
 Each is a read-side route: the admin, or the master of the message's type.  The bytes are
 written as they are read from the store (:mod:`masd.edges.http.ranges`), a single Range
