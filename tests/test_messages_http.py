@@ -105,8 +105,9 @@ async def check_attachment(r: Readers) -> None:
     past = await r.get(path, "crm", headers={"Range": f"bytes={len(PDF)}-"})
     assert (past.status_code, past.json()["error"]) == (416, "range-not-satisfiable")
     assert past.headers["content-range"] == f"bytes */{len(PDF)}"
-    none = await r.get(message_path(ref, "/attachments/1"), "crm")
-    assert (none.status_code, none.json()["error"]) == (404, "unknown-message")
+    for n in ("1", "x", "-1", "99999999999"):
+        none = await r.get(message_path(ref, f"/attachments/{n}"), "crm")
+        assert (none.status_code, none.json()["error"]) == (404, "unknown-message"), n
 
 
 async def check_intakes_and_resend(r: Readers) -> None:

@@ -11,6 +11,7 @@ nothing (403); no secret or an unknown one is 401.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -127,3 +128,14 @@ async def lists_hold_only_own_types(r: Readers) -> None:
     assert listed_types("/events", response.json()) == {"help.example/case"}
     response = await r.get("/mas/v0.1/events", "crm", params={"case": "order=o-1@help.example"})
     assert response.status_code == 403, response.text
+    # As Server-Sent Events: the same events, the same limit.
+    whole = (await r.get("/mas/v0.1/events", "crm", params={"limit": 1000})).json()["events"]
+    streamed: list[dict[str, Any]] = []
+    headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {r.setup.master_token}"}
+    async with r.http.stream("GET", "/mas/v0.1/events", headers=headers) as stream:
+        async for line in stream.aiter_lines():
+            if line.startswith("data: "):
+                streamed.append(json.loads(line[len("data: ") :]))
+            if len(streamed) == len(whole):
+                break
+    assert [e["cursor"] for e in streamed] == [e["cursor"] for e in whole]

@@ -80,11 +80,12 @@ def disposition(filename: str | None) -> str:
 async def attachment(request: web.Request, edge: Served) -> web.StreamResponse:
     found = await _message(request, edge)
     doc = found.doc["message"]
-    ref, index = doc["message_ref"], int(request.match_info["n"])
+    ref, n = doc["message_ref"], request.match_info["n"]
     listed: list[dict[str, Any]] = found.event.get("attachments") or []
+    index = int(n) if n.isascii() and n.isdigit() and len(n) <= 9 else len(listed)
     if index >= len(listed):
         raise HttpRefusal(
-            "unknown-message", f"n: message {ref} has {len(listed)} attachments, no {index}"
+            "unknown-message", f"n: message {ref} has {len(listed)} attachments, no {n[:20]}"
         )
     entry = listed[index]
     key = (ref, index, doc["sha256"])
