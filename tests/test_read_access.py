@@ -139,3 +139,33 @@ async def lists_hold_only_own_types(r: Readers) -> None:
             if len(streamed) == len(whole):
                 break
     assert [e["cursor"] for e in streamed] == [e["cursor"] for e in whole]
+
+
+def test_the_rule_itself_as_a_table() -> None:
+    from masd.read.access import ADMIN, ANYTHING, Owned, Reader, entitled
+
+    crm = Reader.master_of("crm", [("help.example", "case")])
+    other = Reader.master_of("other", [("help.example", "order"), ("other.example", "case")])
+    things = [
+        Owned("help.example", "case"),
+        Owned("help.example", "order"),
+        Owned("other.example", "case"),
+        Owned("help.example", "ticket"),
+    ]
+    table = {
+        name: [entitled(who, what) for what in things]
+        for name, who in (("admin", ADMIN), ("crm", crm), ("other", other), ("peer", None))
+    }
+    assert table == {
+        "admin": [True, True, True, True],
+        "crm": [True, False, False, False],
+        "other": [False, True, True, False],
+        "peer": [False, False, False, False],
+    }
+    assert [entitled(who, ANYTHING) for who in (ADMIN, crm, other, None)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert (ADMIN.scope, crm.scope) == (None, ["help.example/case"])
