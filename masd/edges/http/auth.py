@@ -81,7 +81,7 @@ def reader(rt: Runtime, request: web.Request) -> Reader:
         if principal.kind == "master"
         else None
     )
-    if found is None or not entitled(found, ANYTHING):  # None: entitled to nothing
+    if found is None or not entitled(found, ANYTHING):  # entitled(None, ...) is never true
         raise HttpRefusal(
             "forbidden", f"Authorization: a {principal.kind} peer's secret reads nothing here"
         )
