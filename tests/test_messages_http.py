@@ -203,8 +203,21 @@ def test_messages_their_bytes_and_intakes(tmp_path: Path) -> None:
             await check_intakes_and_resend(r)
             await asyncio.to_thread(check_commands, r, ref, data, tmp_path)
             await asyncio.to_thread(check_attachment_command, r, tmp_path)
+            assert await r.masd.terminate() == 0
+            await asyncio.to_thread(check_resend_without_masd, r)
 
     asyncio.run(main())
+
+
+def check_resend_without_masd(r: Readers) -> None:
+    """No masd answers: the resend is queued in the store, for masd to send when it runs."""
+    pending = json.loads(cli(r, "intake", "list", "--json").stdout)["intakes"][0]
+    resent = cli(r, "intake", "resend", pending["intake_ref"])
+    assert resent.returncode == 0, resent.stderr
+    assert b"queueing it in the store" in resent.stderr
+    queued = json.loads(cli(r, "queue", "list", "--json").stdout)["items"]
+    waiting = [i for i in queued if i.get("type") == "case.intake" and i["state"] == "queued"]
+    assert [i["message_id"] for i in waiting] == [resent.stdout.split()[4].decode()]
 
 
 def vm(pid: int, field: str) -> int:
