@@ -772,6 +772,8 @@ async def _send_everything(m: Masd) -> None:
         "callback", "handoff.request", lambda j: j.get("handoff_id") == b["handoff_id"]
     )
     assert request["type"] == "handoff.request"
+    # An added field of the master role (docs/protocol.md §8.6): the handoff's deadline.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", request["deadline_at"])
     negotiating = {
         "mas_modes_version": "0.1",
         "type": "handoff.status",
@@ -818,9 +820,10 @@ async def _send_everything(m: Masd) -> None:
     # A webhook: handoff.request to it, handoff.requested forwarded, the
     # status relayed to the master, and the master's cancel forwarded.
     t = await m.given({"state": "slave-transfer"})
-    await m.wait_for(
+    to_webhook = await m.wait_for(
         "transfer", "handoff.request", lambda j: j.get("handoff_id") == t["handoff_id"]
     )
+    assert "deadline_at" not in to_webhook  # timeouts belong to the master
     tcase = {"address": t["case_address"], "key": t["case_key"]}
     running = {**negotiating, "id": f"out-{secrets.token_hex(6)}", "case": tcase}
     running |= {"handoff_id": t["handoff_id"], "status": "running"}

@@ -679,7 +679,8 @@ def test_read_side_needs_the_admin_secret(tmp_path: Path) -> None:
         key, _ = await r.open_callback_case()
         path = f"/mas/v0.1/cases/{key}"
         refused(await r.client.get(path), 401, "unauthenticated", "no Bearer")
-        refused(await r.client.get(path, headers=auth(CALLBACK)), 401, "unauthenticated", "admin")
+        # A mode endpoint's secret is known, and reads nothing (docs/protocol.md §16.10).
+        refused(await r.client.get(path, headers=auth(CALLBACK)), 403, "forbidden", "mode")
         refused(await r.client.get(path + "/thread", headers=auth("x")), 401, "unauthenticated")
         ok = await r.client.get(path, headers=auth(ADMIN))
         assert ok.status_code == 200
@@ -708,9 +709,13 @@ def test_read_side_needs_the_admin_secret(tmp_path: Path) -> None:
 def test_read_side_closed_without_an_admin_token(tmp_path: Path) -> None:
     async def body(r: Running) -> None:
         key, _ = await r.open_callback_case()
-        for headers in (auth(ADMIN), auth(CALLBACK), {"Authorization": "Bearer"}, {}):
+        response = await r.client.get(f"/mas/v0.1/cases/{key}", headers=auth(ADMIN))
+        refused(response, 401, "unauthenticated", "no admin token is configured")
+        for headers in ({"Authorization": "Bearer"}, {}):
             response = await r.client.get(f"/mas/v0.1/cases/{key}", headers=headers)
-            refused(response, 401, "unauthenticated", "no admin token is configured")
+            refused(response, 401, "unauthenticated", "no Bearer")
+        response = await r.client.get(f"/mas/v0.1/cases/{key}", headers=auth(CALLBACK))
+        refused(response, 403, "forbidden", "reads nothing")
 
     run(tmp_path, body, admin=False)
 

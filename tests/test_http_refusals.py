@@ -23,7 +23,12 @@ from masd.edges.http.shared import RETRY_AFTER, status_of
 
 PACKAGE = Path(masd.edges.http.__file__).parent
 #: A value for each path parameter a route takes.
-PARAMS = {"key": "ticket=gs-404@help.example", "id": "987654"}
+PARAMS = {
+    "key": "ticket=gs-404@help.example",
+    "id": "987654",
+    "ref": "msg-404",
+    "n": "0",
+}
 
 
 def run(tmp_path: Path, body: Callable[[Running], Awaitable[None]], **kw: Any) -> None:
@@ -73,7 +78,19 @@ def test_every_route_declares_who_may_use_it() -> None:
     assert all(path.startswith("/console") for path in console)
     needs = {route: need for route, need in needs.items() if need != "console"}
     assert needs
-    assert set(needs.values()) == {"admin"}, needs
+    # The read side (docs/protocol.md §16.10): the admin, or a master for its own types.
+    readers = {path for (method, path), need in needs.items() if need == "reader"}
+    assert readers == {
+        "/mas/v0.1/cases",
+        "/mas/v0.1/cases/{key}",
+        "/mas/v0.1/cases/{key}/thread",
+        "/mas/v0.1/events",
+        "/mas/v0.1/intakes",
+        "/mas/v0.1/messages/{ref}",
+        "/mas/v0.1/messages/{ref}/raw",
+        "/mas/v0.1/messages/{ref}/attachments/{n}",
+    }
+    assert {need for need in needs.values() if need != "reader"} == {"admin"}, needs
     assert len({(r.method, r.path) for r in ROUTES}) == len(ROUTES)
 
 
@@ -87,14 +104,20 @@ def test_a_wrong_secret_on_every_route_is_refused_by_the_one_handler(
             nothing = await r.client.request(route.method, path)
             refused(nothing, 401, "unauthenticated", "no Bearer secret")
             assert nothing.headers["www-authenticate"] == 'Bearer realm="masd"'
-            # The admin secret is no peer's, a peer's secret is not the admin's.
+            # The admin secret is no peer's, a peer's secret is not the admin's; a
+            # mode endpoint's secret is known to the read side, and reads nothing.
             other = ADMIN if route.auth == "peer" else CALLBACK
             wrong = await r.client.request(
                 route.method, path, headers={"Authorization": f"Bearer {other}"}
             )
+            if route.auth == "reader":
+                refused(wrong, 403, "forbidden", "reads nothing")
+                continue
             why = "matches no peer" if route.auth == "peer" else "not the admin secret"
             refused(wrong, 401, "unauthenticated", why)
-        assert answered == ["unauthenticated"] * (2 * len(guarded))
+        readers = sum(route.auth == "reader" for route in guarded)
+        assert answered.count("unauthenticated") == 2 * len(guarded) - readers
+        assert answered.count("forbidden") == readers
 
     run(tmp_path, body)
 
@@ -239,6 +262,8 @@ def test_the_table_gives_each_kind_of_answer_its_status() -> None:
         "too-large": 413,
         "unknown-item": 404,
         "wrong-state": 409,
+        "unknown-message": 404,
+        "range-not-satisfiable": 416,
         "not-found": 404,
         "method-not-allowed": 405,
         "expectation-failed": 417,

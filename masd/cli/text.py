@@ -156,11 +156,21 @@ def format_cases(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_case(case: Mapping[str, Any], thread: Mapping[str, Any] | None = None) -> str:
+def format_text(text: str, indent: str = "    | ") -> list[str]:
+    """A mail's text for a terminal: each line indented, control characters shown."""
+    return [indent + _clean(line, 1000) for line in text.rstrip("\n").split("\n")] if text else []
+
+
+def format_case(
+    case: Mapping[str, Any],
+    thread: Mapping[str, Any] | None = None,
+    texts: Mapping[str, str] | None = None,
+) -> str:
     """A readable page for an operator: the case, its handoffs, then one line per entry.
 
     ``case`` is :func:`masd.read.case_views.case_json`'s document (or its inner ``"case"``),
     ``thread`` :func:`masd.read.case_views.thread_json`'s (entries shown in the order given).
+    ``texts``: the text of each ``mail.in`` by its ``message_ref``, shown below its line.
     """
     c = case.get("case", case)
     lines = [
@@ -181,7 +191,69 @@ def format_case(case: Mapping[str, Any], thread: Mapping[str, Any] | None = None
         )
     entries = (thread or {}).get("entries") or []
     lines.append(f"thread ({len(entries)} entries):")
-    lines.extend(format_entry(e) for e in entries)
+    for e in entries:
+        lines.append(format_entry(e))
+        if e.get("kind") == "mail.in" and texts:
+            lines.extend(format_text(texts.get(str(e.get("message_ref")), "")))
+    return "\n".join(lines) + "\n"
+
+
+def format_message(doc: Mapping[str, Any]) -> str:
+    """``masd message show``: the message's record, its event's fields, its attachments
+    (by index, as ``--attachment N`` takes them) and its text."""
+    m = doc.get("message", doc)
+    ev = m.get("event") or {}
+    case = m.get("case")
+    sender = ev.get("from") or {}
+    lines = [
+        f"message {_clean(m.get('message_ref'))}  received {m.get('received_at')}",
+        f"  case {_clean(case['address']) if case else '(pending intake)'}"
+        + (f", intake {_clean(m['intake_ref'])}" if m.get("intake_ref") else ""),
+        f"  {m.get('size')} bytes, sha256 {m.get('sha256')}",
+        f"  from {_clean(sender.get('address') or '(no From)')}"
+        + (f" ({_q(sender['name'])})" if sender.get("name") else ""),
+        f"  to {_clean(ev.get('rcpt_to'))}, envelope from {_clean(ev.get('mail_from') or '<>')}",
+        f"  subject {_q(ev.get('subject') or '')}",
+        f"  message-id {_clean(ev.get('message_id') or '(none)')}",
+    ]
+    auth, auto = ev.get("auth") or {}, ev.get("automated") or {}
+    line = f"  dmarc={_clean(auth.get('dmarc'))}"
+    if auto.get("is"):
+        line += f"  automated ({_clean(auto.get('reason'))})"
+    lines.append(line)
+    attachments = ev.get("attachments") or []
+    lines.append(f"attachments ({len(attachments)}):")
+    for n, a in enumerate(attachments):
+        lines.append(
+            f"  {n}  {_q(a.get('filename') or '(no name)')}  {_clean(a.get('content_type'))}"
+            f"  {a.get('size')} bytes  sha256 {a.get('sha256')}"
+        )
+    lines.append("text:")
+    lines.extend(format_text(ev.get("text") or "", "  | "))
+    return "\n".join(lines) + "\n"
+
+
+_INTAKE_COLUMNS: Final = ("INTAKE", "STATE", "TYPE", "MODE", "RECEIVED", "MESSAGE", "CASE")
+
+
+def format_intakes(doc: Mapping[str, Any]) -> str:
+    """``masd intake list``: a header row, then one row per intake, oldest first."""
+    rows = [list(_INTAKE_COLUMNS)]
+    for i in doc.get("intakes") or []:
+        case = i.get("case")
+        rows.append(
+            [
+                _clean(i.get("intake_ref")),
+                "assigned" if case else "pending",
+                f"{_clean(i.get('type'))}@{_clean(i.get('domain'))}",
+                _clean(i.get("requested_mode") or "-"),
+                str(i.get("created_at")),
+                _clean(i.get("message_ref")),
+                _clean(case["key"]) if case else "-",
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_INTAKE_COLUMNS))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines) + "\n"
 
 

@@ -86,7 +86,8 @@ def case() -> None:
 @click.argument("case_name", metavar="CASE")
 @click.option("--json", "as_json", is_flag=True, help="The case and its thread as JSON.")
 def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
-    """Print CASE and its thread as a timeline, with each send's delivery state.
+    """Print CASE and its thread as a timeline, with each send's delivery state and the
+    text of each mail received.
 
     CASE is the case's address or key in any spelling (ticket=GS-1@help.example),
     or its id alone (gs-1) when one case has it.
@@ -98,11 +99,33 @@ def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
         key = _one_case(store, case_name)
         found = store.read_sync(lambda db: case_json(db, key))
         thread = store.read_sync(lambda db: thread_json(db, key, 0, 10**9))
+        texts = _texts(store, thread)
     assert found is not None
     if as_json:
         _json({**found, "thread": thread})
     else:
-        click.echo(format_case(found, thread), nl=False)
+        click.echo(format_case(found, thread, texts), nl=False)
+
+
+def _texts(store: Store, thread: dict[str, Any] | None) -> dict[str, str]:
+    """The text of each mail.in of ``thread``, by message_ref (docs/protocol.md §16.6, §16.8)."""
+    from masd.read.messages import message
+
+    refs = [
+        str(e["message_ref"])
+        for e in (thread or {}).get("entries") or []
+        if e.get("kind") == "mail.in" and e.get("message_ref")
+    ]
+
+    def read(tx: Any) -> dict[str, str]:
+        texts = {}
+        for ref in refs:
+            found = message(tx, ref)
+            if found is not None:
+                texts[ref] = str(found.event.get("text") or "")
+        return texts
+
+    return store.read_sync(read)
 
 
 @case.command("list")

@@ -192,6 +192,8 @@ class ServerConfig:
     log_format: str = "text"  # or "json": one object a line
     #: Serve the operator console at ``/console/`` on the HTTP listener.
     console: bool = False
+    #: Seconds masd waits for a peer's answer to a contract message (then: retried).
+    peer_timeout: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ _SERVER_KEYS: Final = frozenset(
         "recipient_delimiter",
         "max_message_bytes",
         "retry_for",
+        "peer_timeout",
         "hostname",
         "max_lmtp_sessions",
         "max_http_connections",
@@ -72,13 +73,10 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
             admin_token = check.secret(join(PATH, "admin_token_file"), admin_file, kind="admin")
     delimiter = _delimiter(check, table)
     limits = _limits(check, table)
-    retry_text = check.get(table, PATH, "retry_for", str, "3d")
-    retry_for = check.duration(join(PATH, "retry_for"), retry_text)
+    durations = _durations(check, table)
     domains_dir = check.get(table, PATH, "domains_dir", str, DEFAULT_DOMAINS_DIR)
     if not domains_dir:
         check.error(join(PATH, "domains_dir"), '"" is not a directory name')
-    claim_text = check.get(table, PATH, "claim_timeout", str, "30s")
-    claim_timeout = check.duration(join(PATH, "claim_timeout"), claim_text)
     console = check.get(table, PATH, "console", bool, False)
     if console and "admin_token_file" not in table:
         check.error(
@@ -103,19 +101,32 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         admin_token=admin_token,
         recipient_delimiter=delimiter,
         max_message_bytes=limits["max_message_bytes"],
-        retry_for=retry_for,
+        retry_for=durations["retry_for"],
+        peer_timeout=durations["peer_timeout"],
         hostname=hostname,
         max_lmtp_sessions=limits["max_lmtp_sessions"],
         max_http_connections=limits["max_http_connections"],
         max_followers=limits["max_followers"],
         domains_dir=check.resolve(domains_dir or DEFAULT_DOMAINS_DIR),
         domains_dir_set="domains_dir" in table,
-        claim_timeout=claim_timeout,
+        claim_timeout=durations["claim_timeout"],
         max_policy_connections=limits["max_policy_connections"],
         max_milter_connections=limits["max_milter_connections"],
         log_format=_log_format(check, table),
         console=console,
     )
+
+
+#: The server's durations and their defaults.
+_DURATIONS: Final = {"retry_for": "3d", "claim_timeout": "30s", "peer_timeout": "10s"}
+
+
+def _durations(check: Checker, table: dict[str, Any]) -> dict[str, float]:
+    """Each of :data:`_DURATIONS` in seconds, as given or its default."""
+    return {
+        key: check.duration(join(PATH, key), check.get(table, PATH, key, str, default))
+        for key, default in _DURATIONS.items()
+    }
 
 
 #: The schemes libpq takes for a URI; any other "scheme://" is not a store masd can open.

@@ -38,6 +38,7 @@ def format_summary(config: Config) -> str:
         + (", ".join(server.trusted_hosts) or "none"),
         f"admin API {'on' if server.admin_token else 'off (no admin_token_file)'}"
         f"; retry for {format_duration(server.retry_for)}"
+        f"; peer timeout {format_duration(server.peer_timeout)}"
         f"; max message {server.max_message_bytes} bytes"
         f"; delimiter {json.dumps(server.recipient_delimiter)}",
         f"console   {'on at ' + server.public_url + '/console/' if server.console else 'off'}",

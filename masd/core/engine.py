@@ -40,6 +40,7 @@ from masd.core.errors import Answer, WireError
 from masd.core.event import ParsedMail
 from masd.core.kinds import ThreadKind
 from masd.core.status import MACHINE
+from masd.core.times import rfc3339
 from masd.core.wire import CaseRef, HandoffStatus, envelope
 
 # --------------------------------------------------------------------------- state
@@ -363,11 +364,12 @@ def _master_request(
         ]
         return effects, texts.resume(case.address, mode, "refused", {"reason": reason})
     endpoint = typ.endpoints[mode]
-    details, message = handoff_request(case, handoff_id, mode, mail, endpoint.fields, ctx)
+    deadline_at = ctx.now + endpoint.deadline
+    details, message = handoff_request(
+        case, handoff_id, mode, mail, endpoint.fields, ctx, deadline_at=deadline_at
+    )
     return [
-        OpenHandoff(
-            handoff_id, mode, endpoint.peer, endpoint.url, ctx.now + endpoint.deadline, details
-        ),
+        OpenHandoff(handoff_id, mode, endpoint.peer, endpoint.url, deadline_at, details),
         Status(handoff_id, "requested", None, "email"),
         SendContract(endpoint.peer, endpoint.url, message, handoff_id),
     ], None
@@ -380,9 +382,12 @@ def handoff_request(
     mail: ParsedMail,
     fields: tuple[str, ...],
     ctx: Context,
+    *,
+    deadline_at: float | None = None,
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """docs/protocol.md §8 handoff.request; docs/protocol.md §6: "details holds subject and each
-    field of the endpoint's fields list found in the mail's text"."""
+    field of the endpoint's fields list found in the mail's text".  ``deadline_at`` (the
+    master role's handoffs have one) is sent as RFC 3339, an added field (docs/protocol.md §8.6)."""
     details = {"subject": mail.event.subject or ""}
     details.update(find_fields(mail.event.text or "", fields))
     message = envelope(
@@ -395,6 +400,8 @@ def handoff_request(
         status_url=ctx.status_url,
         participant={"address": case.participant},
     )
+    if deadline_at is not None:
+        message["deadline_at"] = rfc3339(deadline_at)
     return details, message
 
 

@@ -82,18 +82,45 @@ def slave_intake(address: Address, mail: ParsedMail, ctx: Context, *, master: Pe
     """
     ev = mail.event
     intake_ref = f"intake-{ctx.new_id()}"
-    message = envelope(
-        "case.intake",
-        f"intake-{ev.message_ref}",
-        None,
-        intake_ref=intake_ref,
-        resource_type=address.type,
-        event=ev.to_json(),
+    message = intake_message(
+        f"intake-{ev.message_ref}", intake_ref, address.type, ev.to_json(), address.mode
     )
-    # docs/protocol.md §13: "case.intake carries requested_mode always, null when none".
-    message["requested_mode"] = address.mode
     return OpenIntake(
         intake_ref, ev.message_ref, address.domain, address.type, address.mode, master, message
+    )
+
+
+def intake_message(
+    message_id: str,
+    intake_ref: str,
+    type_: str,
+    event: Mapping[str, Any],
+    requested_mode: str | None,
+) -> dict[str, Any]:
+    """The ``case.intake`` of an intake (docs/protocol.md §13.1)."""
+    message = envelope(
+        "case.intake",
+        message_id,
+        None,
+        intake_ref=intake_ref,
+        resource_type=type_,
+        event=dict(event),
+    )
+    # docs/protocol.md §13: "case.intake carries requested_mode always, null when none".
+    message["requested_mode"] = requested_mode
+    return message
+
+
+def intake_again(intake: IntakeView, fresh: str) -> dict[str, Any]:
+    """The ``case.intake`` of a pending intake sent again (``masd intake resend``): the
+    same report under a fresh ``id`` (``fresh``: new random text), so a master that keeps
+    the ids it has seen does not take it for the one it lost."""
+    return intake_message(
+        f"intake-{intake.message_ref}-{fresh}"[:128],
+        intake.intake_ref,
+        intake.type,
+        intake.event,
+        intake.requested_mode,
     )
 
 

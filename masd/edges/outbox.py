@@ -40,7 +40,7 @@ from masd.config import Dkim
 from masd.edges import outbox_heads
 from masd.edges.batch import Batch
 from masd.edges.context import EdgeContext
-from masd.edges.contract_client import HTTP_TIMEOUT, ContractClient
+from masd.edges.contract_client import ContractClient
 from masd.edges.lanes import RELAY, Attempt, Lanes, origin
 from masd.edges.mailer import MailTransport, OutboundMail
 from masd.edges.outbox_heads import HeadFinder
@@ -90,7 +90,7 @@ class Outbox:
         http: ContractClient | None = None,
         peer_in_flight: int = PEER_IN_FLIGHT,
         relay_in_flight: int = RELAY_IN_FLIGHT,
-        http_timeout: float = HTTP_TIMEOUT,
+        http_timeout: float | None = None,
         smtp_timeout: float = SMTP_TIMEOUT,
         stop_grace: float = STOP_GRACE,
     ) -> None:
@@ -107,7 +107,8 @@ class Outbox:
             timeout=smtp_timeout,
             clock=ctx.clock,
         )
-        self._http = http or ContractClient(timeout=http_timeout)
+        timeout = server.peer_timeout if http_timeout is None else http_timeout
+        self._http = http or ContractClient(timeout=timeout)
         self._lanes = Lanes(lambda key: relay_in_flight if key == RELAY else peer_in_flight)
         self._heads = HeadFinder()
         self._requeued: set[str] = set()  # queues to look at again, from the next look on

@@ -25,7 +25,7 @@ when the entry is read (:func:`delivery_json`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,6 +35,7 @@ from masd.core.times import rfc3339
 from masd.store import Tx, cases, reads
 from masd.store.entries import Delivery, EntryRow, ListedCase, case_entries, keys_with_id
 from masd.store.entries import cases as case_rows
+from masd.store.message_reads import scoped_cases
 
 #: ``limit`` of a thread page: default and largest (docs/protocol.md §16 read side).
 DEFAULT_LIMIT: Final = 100
@@ -235,22 +236,27 @@ def _case_item(r: ListedCase) -> dict[str, Any]:
 
 
 def cases_json(
-    tx: Tx, after: int | None = None, limit: int = DEFAULT_CASES, where: CaseFilter = CaseFilter()
+    tx: Tx,
+    after: int | None = None,
+    limit: int = DEFAULT_CASES,
+    where: CaseFilter = CaseFilter(),
+    scope: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """``{"cases": [...], "next": cursor or null}``: the cases after the cursor
     ``after`` (a parsed ``pos``; None: from the newest), latest activity first.
 
     ``next`` is null once no case follows.  A case whose activity moves it
     above the cursor while a client pages is not shown again on a later page.
+    ``scope``: only the cases of these ``"domain/type"`` pairs (a master's own).
     """
-    rows = case_rows(
-        tx,
-        before=after,
-        limit=max(1, limit) + 1,
-        open_handoff=None if where.state is None else where.state == "open",
-        participant=where.participant,
-        domain=where.domain.lower() if where.domain else None,
-    )
+    filters: dict[str, Any] = {
+        "before": after,
+        "limit": max(1, limit) + 1,
+        "open_handoff": None if where.state is None else where.state == "open",
+        "participant": where.participant,
+        "domain": where.domain.lower() if where.domain else None,
+    }
+    rows = case_rows(tx, **filters) if scope is None else scoped_cases(tx, **filters, scope=scope)
     page = rows[: max(1, limit)]
     more = len(rows) > len(page)
     return {

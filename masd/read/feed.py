@@ -22,13 +22,14 @@ import asyncio
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from masd.read.case_views import row_json
 from masd.store import Store, Tx
 from masd.store.entries import EntryRow, events, last_events, last_pos
+from masd.store.message_reads import scoped_events
 
 #: ``limit`` of a page of events: default and largest.
 DEFAULT_EVENTS: Final = 100
@@ -98,9 +99,19 @@ class Encodings:
     ahead: bool = False
 
 
-def encoded(tx: Tx, after: int, limit: int, case_key: str | None = None) -> Encodings:
-    """Up to ``limit`` events after ``after``, encoded (in the read's thread)."""
-    rows = events(tx, after, max(1, limit), case_key)
+def encoded(
+    tx: Tx,
+    after: int,
+    limit: int,
+    case_key: str | None = None,
+    scope: Collection[str] | None = None,
+) -> Encodings:
+    """Up to ``limit`` events after ``after`` (of ``scope``'s ``"domain/type"`` pairs
+    only, if given), encoded (in the read's thread)."""
+    if scope is None:
+        rows = events(tx, after, max(1, limit), case_key)
+    else:
+        rows = scoped_events(tx, after, max(1, limit), case_key, sorted(scope))
     items = [encode(r) for r in rows]
     if len(rows) >= limit:
         return Encodings(items, rows[-1].pos)
@@ -128,14 +139,24 @@ class Page:
         return {"events": self.events, "next": self.next}
 
 
-def page(tx: Tx, after: int, limit: int = DEFAULT_EVENTS, case_key: str | None = None) -> Page:
-    """The events after ``pos`` ``after`` (of one case if ``case_key``), at most ``limit``.
+def page(
+    tx: Tx,
+    after: int,
+    limit: int = DEFAULT_EVENTS,
+    case_key: str | None = None,
+    scope: Sequence[str] | None = None,
+) -> Page:
+    """The events after ``pos`` ``after`` (of one case if ``case_key``; of the cases of
+    ``scope``'s ``"domain/type"`` pairs only, if given), at most ``limit``.
 
     ``ahead``: nothing follows ``after`` and the store's latest entry comes
     before it, so the cursor came from another store (one this was restored
     over from a backup, say): resuming there would skip what comes next.
     """
-    rows = events(tx, after, max(1, limit), case_key)
+    if scope is None:
+        rows = events(tx, after, max(1, limit), case_key)
+    else:
+        rows = scoped_events(tx, after, max(1, limit), case_key, scope)
     if rows:
         return Page([event_json(r) for r in rows], cursor(rows[-1].pos))
     return Page([], cursor(after), ahead=after > last_pos(tx))
@@ -188,6 +209,29 @@ class FeedWatch:
             await asyncio.wait_for(self._event.wait(), min(timeout, POLL_SECONDS))
 
 
+async def follow(
+    store: Store,
+    watch: FeedWatch,
+    after: int,
+    *,
+    limit: int = DEFAULT_EVENTS,
+    case_key: str | None = None,
+    wait: float = 0.0,
+    scope: Sequence[str] | None = None,
+) -> Page:
+    """The next page after ``after``; with ``wait`` (seconds), held until it
+    has an event, the time is up, or masd stops."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + wait
+    while True:
+        mark = watch.mark()
+        found = await store.read(lambda tx: page(tx, after, limit, case_key, scope))
+        left = until - loop.time()
+        if found.events or found.ahead or watch.closed or left <= 0:
+            return found
+        await watch.wait(mark, left)
+
+
 async def stream(
     store: Store,
     watch: FeedWatch,
@@ -195,6 +239,7 @@ async def stream(
     *,
     case_key: str | None = None,
     idle: float = 15.0,
+    scope: Sequence[str] | None = None,
 ) -> AsyncIterator[Page]:
     """Pages after ``after`` as they commit, until masd stops; an empty page
     (nothing new) after ``idle`` seconds of silence, for a keep-alive.
@@ -207,7 +252,7 @@ async def stream(
     while not watch.closed:
         mark = watch.mark()
         found = await store.read(
-            functools.partial(page, after=after, limit=MAX_EVENTS, case_key=case_key)
+            functools.partial(page, after=after, limit=MAX_EVENTS, case_key=case_key, scope=scope)
         )
         if found.ahead:
             yield found

@@ -50,6 +50,12 @@ REPLAY_PAGE: Final = 200
 FANOUT_PER_SECOND: Final = 2000
 
 
+def scope_of(case_key: str) -> str:
+    """The ``"domain/type"`` pair of a case key (``type=id@domain``)."""
+    type_, _, rest = case_key.partition("=")
+    return f"{rest.rpartition('@')[2]}/{type_}"
+
+
 class FollowersFull(Exception):
     """``server.max_followers`` followers already."""
 
@@ -68,9 +74,21 @@ class Follower:
 
     pos: int
     case_key: str | None = None
+    #: The ``"domain/type"`` pairs a master reads (None: every event).
+    scope: frozenset[str] | None = None
     live: bool = False
     dropped: str | None = None
     on_drop: Callable[[], None] | None = None
+
+    @property
+    def takes_all(self) -> bool:
+        """Whether every event is this follower's (no case and no scope named)."""
+        return self.case_key is None and self.scope is None
+
+    def wants(self, item: Encoded) -> bool:
+        if self.case_key is not None and item.case_key != self.case_key:
+            return False
+        return self.scope is None or scope_of(item.case_key) in self.scope
 
     def drop(self, why: str) -> None:
         if self.dropped is None:
@@ -218,7 +236,11 @@ class FeedHub:
             began = loop.time()
             found = await self._store.read(
                 functools.partial(
-                    _encoded, after=follower.pos, limit=limit, case_key=follower.case_key
+                    _encoded,
+                    after=follower.pos,
+                    limit=limit,
+                    case_key=follower.case_key,
+                    scope=follower.scope,
                 )
             )
             if len(found.items) >= limit:
@@ -231,7 +253,7 @@ class FeedHub:
         for item in self._items[start:]:
             if len(found) >= limit:
                 break
-            if follower.case_key is None or item.case_key == follower.case_key:
+            if follower.wants(item):
                 found.append(item)
             follower.pos = item.pos
         return found
@@ -272,7 +294,7 @@ class FeedHub:
                 raise Dropped(follower.dropped)
             if self.started and self.head > follower.pos:
                 before, data = self._batch
-                if follower.case_key is None and before == follower.pos:
+                if follower.takes_all and before == follower.pos:
                     follower.pos = self.head
                     return data
                 found = self._after(follower, MAX_EVENTS)

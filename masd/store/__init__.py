@@ -12,7 +12,8 @@ passes to the functions of one module per aggregate:
 - :mod:`~masd.store.outbox`: what waits to go out;
 - :mod:`~masd.store.idempotency`: answers kept per (peer, id);
 - :mod:`~masd.store.purge`, :mod:`~masd.store.gauges`, :mod:`~masd.store.reads`,
-  :mod:`~masd.store.entries`: housekeeping, ``/metrics`` and the read side;
+  :mod:`~masd.store.entries`, :mod:`~masd.store.message_reads`: housekeeping, ``/metrics``
+  and the read side (a mail's bytes by range, the intakes, what one master may list);
 - :mod:`~masd.store.queue_rows`: the outbox as an operator lists and steers it;
 - :mod:`~masd.store.probe`: what ``masd doctor`` reads, on its own connection.
 

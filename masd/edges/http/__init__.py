@@ -5,14 +5,16 @@ One module per route (:mod:`~masd.edges.http.messages`, :mod:`~masd.edges.http.h
 :mod:`~masd.edges.http.metrics`, :mod:`~masd.edges.http.case`,
 :mod:`~masd.edges.http.thread`, :mod:`~masd.edges.http.cases`,
 :mod:`~masd.edges.http.events`, :mod:`~masd.edges.http.outbox`,
-:mod:`~masd.edges.http.clock`, and the operator console's :mod:`~masd.edges.http.console`),
+:mod:`~masd.edges.http.clock`, :mod:`~masd.edges.http.message` (the mail itself),
+:mod:`~masd.edges.http.intakes`, and the operator console's :mod:`~masd.edges.http.console`),
 each declaring its :class:`~masd.edges.http.shared.Route`;
 :mod:`~masd.edges.http.shared` holds what they share (paths, the reply table, refusals,
-query parameters, :class:`~masd.edges.http.shared.HttpRefusal`);
+query parameters, :class:`~masd.edges.http.shared.HttpRefusal`) and
+:mod:`~masd.edges.http.ranges` how bytes are served whole or by range;
 :mod:`~masd.edges.http.auth` checks the secret a route declares it needs;
 :mod:`~masd.edges.http.edge` builds the application from them, with the one middleware that
 answers every refusal, and :mod:`~masd.edges.http.server` binds and limits the listener.
-Route modules import only ``shared`` and ``auth``, so the package has no import cycle.
+Route modules import only ``shared``, ``ranges`` and ``auth``, so the package has no import cycle.
 
 Every answer is JSON.  Nothing a client sends yields a 5xx: a malformed ``Authorization``
 header is 401, a body :mod:`masd.core.wire` cannot decode is 400.  A 5xx says masd itself

@@ -3,11 +3,15 @@ handler runs (docs/protocol.md §9.2, §16).
 
 A :class:`~masd.edges.http.shared.Route` declares ``auth``: ``"peer"`` (a peer's Bearer
 secret; the handler finds the peer as ``request[PRINCIPAL]``), ``"admin"`` (the admin
-secret), ``"anyone"``, or ``"console"`` (the operator console: ``404 not-found`` while
+secret), ``"reader"`` (the read side: the admin secret, or a master's own; the handler
+finds who as ``request[READER]`` and asks :func:`may_read` of each thing it shows) or
+``"anyone"``, or ``"console"`` (the operator console: ``404 not-found`` while
 ``server.console`` is off; its pages check their session cookie themselves, in
 :mod:`masd.edges.http.console`, since a browser is sent to the sign-in page rather than
 answered 401).  A missing or wrong secret is ``401 unauthenticated``, raised as
-:class:`~masd.edges.http.shared.HttpRefusal` before the body is read.
+:class:`~masd.edges.http.shared.HttpRefusal` before the body is read; a known secret not
+entitled to what it asks is ``403 forbidden`` (:func:`masd.read.access.entitled`, the one
+rule of who reads what).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from masd.edges.http.shared import NO_BEARER, HttpRefusal, Route, bearer
 from masd.logs import shown
+from masd.read.access import ADMIN, ANYTHING, Owned, Reader, entitled
 from masd.service import Runtime
 from masd.service.peer_directory import Principal
 
@@ -29,6 +34,8 @@ log = logging.getLogger("masd.http")
 
 #: The peer a ``"peer"`` route's secret authenticated.
 PRINCIPAL: Final = web.RequestKey("principal", Principal)
+#: Who a ``"reader"`` route's secret says reads.
+READER: Final = web.RequestKey("reader", Reader)
 
 
 def peer(rt: Runtime, request: web.Request) -> Principal:
@@ -57,6 +64,43 @@ def admin(rt: Runtime, request: web.Request) -> None:
         raise HttpRefusal("unauthenticated", "Authorization: not the admin secret")
 
 
+def reader(rt: Runtime, request: web.Request) -> Reader:
+    """Who reads: the admin, or the master a peer's secret names; a mode endpoint or a
+    webhook is ``403 forbidden`` (it reads nothing), any other secret ``401``."""
+    secret = bearer(request)
+    if secret is None:
+        raise HttpRefusal("unauthenticated", NO_BEARER)
+    token = rt.config.server.admin_token
+    if token is not None and hmac.compare_digest(secret.encode(), token.encode()):
+        return ADMIN
+    principal = rt.directory.authenticate(secret)
+    if principal is None:
+        closed = " (and no admin token is configured: server.admin_token_file)"
+        raise HttpRefusal(
+            "unauthenticated",
+            "Authorization: the secret matches no peer" + ("" if token else closed),
+        )
+    found = (
+        Reader.master_of(principal.id, ((p.domain, p.type) for p in principal.peers))
+        if principal.kind == "master"
+        else None
+    )
+    if found is None or not entitled(found, ANYTHING):  # entitled(None, ...) is never true
+        raise HttpRefusal(
+            "forbidden", f"Authorization: a {principal.kind} peer's secret reads nothing here"
+        )
+    return found
+
+
+def may_read(request: web.Request, what: Owned, shown: str) -> None:
+    """``403 forbidden`` unless the request's reader may read ``what`` (``shown`` names it)."""
+    who = request[READER]
+    if not entitled(who, what):
+        raise HttpRefusal(
+            "forbidden", f"{shown} belongs to {what.type} of {what.domain}, not to this secret"
+        )
+
+
 def authenticate(rt: Runtime, routes: Mapping[web.AbstractRoute, Route]) -> Middleware:
     """The middleware: what the request's route (``routes``) needs, checked before its
     handler.  A path or method no route serves needs nothing (it is 404 or 405)."""
@@ -69,6 +113,8 @@ def authenticate(rt: Runtime, routes: Mapping[web.AbstractRoute, Route]) -> Midd
             admin(rt, request)
         elif need == "console" and not rt.config.server.console:
             raise HttpRefusal("not-found", f"path: {request.path} is not served here")
+        elif need == "reader":
+            request[READER] = reader(rt, request)
         elif need == "peer":
             try:
                 request[PRINCIPAL] = peer(rt, request)

@@ -7,8 +7,10 @@ from typing import Final
 
 from aiohttp import web
 
+from masd.edges.http.auth import may_read
 from masd.edges.http.shared import CASE_PATH, HttpRefusal, Route, Served, stored
 from masd.read import case_views as readside
+from masd.read.access import Owned
 
 
 async def case(request: web.Request, edge: Served) -> web.StreamResponse:
@@ -16,7 +18,9 @@ async def case(request: web.Request, edge: Served) -> web.StreamResponse:
     doc = await stored(edge.store.read(lambda db: readside.case_json(db, key)))
     if doc is None:
         raise HttpRefusal("unknown-case", f"key: no case {key}")
+    case = doc["case"]
+    may_read(request, Owned(case["domain"], case["type"]), f"case {case['key']}")
     return web.json_response(doc)
 
 
-ROUTES: Final = (Route("GET", CASE_PATH, case, "admin"),)
+ROUTES: Final = (Route("GET", CASE_PATH, case, "reader"),)

@@ -7,6 +7,7 @@ from typing import Final
 
 from aiohttp import web
 
+from masd.edges.http.auth import READER
 from masd.edges.http.shared import CASES_PATH, Route, Served, bad, int_param, show, stored
 from masd.read import case_views as readside
 
@@ -27,8 +28,11 @@ async def cases(request: web.Request, edge: Served) -> web.StreamResponse:
         if len(q.get(name, "")) > MAX_FILTER:
             raise bad(name, f"longer than {MAX_FILTER} characters")
     where = readside.CaseFilter(state, q.get("participant"), q.get("domain"))
-    found = await stored(edge.store.read(lambda tx: readside.cases_json(tx, after, limit, where)))
+    scope = request[READER].scope
+    found = await stored(
+        edge.store.read(lambda tx: readside.cases_json(tx, after, limit, where, scope))
+    )
     return web.json_response(found)
 
 
-ROUTES: Final = (Route("GET", CASES_PATH, cases, "admin"),)
+ROUTES: Final = (Route("GET", CASES_PATH, cases, "reader"),)

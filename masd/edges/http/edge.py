@@ -27,6 +27,8 @@ from masd.edges.http import (
     console,
     events,
     healthz,
+    intakes,
+    message,
     messages,
     metrics,
     outbox,
@@ -51,6 +53,8 @@ ROUTES: Final[tuple[Route, ...]] = (
     *events.ROUTES,
     *outbox.ROUTES,
     *console.ROUTES,
+    *message.ROUTES,
+    *intakes.ROUTES,
 )
 
 AioExpect = Callable[[web.Request], Awaitable[web.StreamResponse | None]]

@@ -16,6 +16,7 @@ from typing import Final
 
 from aiohttp import hdrs, web
 
+from masd.edges.http.auth import READER, may_read
 from masd.edges.http.shared import (
     EVENTS_PATH,
     HttpRefusal,
@@ -29,6 +30,7 @@ from masd.edges.http.shared import (
 from masd.logs import shown
 from masd.read import case_views as readside
 from masd.read import feed
+from masd.read.access import Owned
 from masd.read.feed_hub import REPLAY_PAGE, Dropped, Follower, FollowersFull
 from masd.store import StoreError
 
@@ -56,16 +58,19 @@ async def events(request: web.Request, edge: Served) -> web.StreamResponse:
         raise bad("after", f"{show(text)} is not a cursor of the event feed")
     limit = int_param(request, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
     wait = int_param(request, "wait", 0, 0, feed.MAX_WAIT)
-    case_key = await _case_key(edge, request.query.get("case"))
+    case_key = await _case_key(request, edge, request.query.get("case"))
+    scope = request[READER].scope
     if not streaming and wait == 0:
         found = await stored(
             edge.store.read(
-                functools.partial(feed.encoded, after=after, limit=limit, case_key=case_key)
+                functools.partial(
+                    feed.encoded, after=after, limit=limit, case_key=case_key, scope=scope
+                )
             )
         )
         _not_ahead(found, text)
         return _json(feed.body(found.items, after))
-    follower = Follower(after, case_key)
+    follower = Follower(after, case_key, None if scope is None else frozenset(scope))
     try:
         with edge.hub.joined(follower, edge.rt.config.server.max_followers):
             if streaming:
@@ -114,8 +119,9 @@ async def _poll(
             return feed.body(items, after)
 
 
-async def _case_key(edge: Served, text: str | None) -> str | None:
-    """The key of the case ``case=`` names (address, key or an id only one case has)."""
+async def _case_key(request: web.Request, edge: Served, text: str | None) -> str | None:
+    """The key of the case ``case=`` names (address, key or an id only one case has),
+    which the reader must be entitled to."""
     if text is None:
         return None
     keys = await stored(edge.store.read(lambda tx: readside.keys_named(tx, text)))
@@ -123,6 +129,10 @@ async def _case_key(edge: Served, text: str | None) -> str | None:
         raise bad("case", f"{show(text)} is the id of {len(keys)} cases; give the address")
     if not keys:
         raise HttpRefusal("unknown-case", f"case: no case {text}")
+    found = await stored(edge.store.read(lambda tx: readside.case_json(tx, keys[0])))
+    if found is not None:
+        case = found["case"]
+        may_read(request, Owned(case["domain"], case["type"]), f"case {case['key']}")
     return keys[0]
 
 
@@ -195,4 +205,4 @@ async def _write(response: web.StreamResponse, data: bytes) -> None:
         await response.write(data)
 
 
-ROUTES: Final = (Route("GET", EVENTS_PATH, events, "admin"),)
+ROUTES: Final = (Route("GET", EVENTS_PATH, events, "reader"),)

@@ -30,6 +30,11 @@ T = TypeVar("T")
 # ------------------------------------------------------------------ paths
 
 MESSAGES_PATH: Final = "/mas/v0.1/messages"
+MESSAGE_PATH: Final = MESSAGES_PATH + "/{ref}"
+RAW_PATH: Final = MESSAGE_PATH + "/raw"
+ATTACHMENT_PATH: Final = MESSAGE_PATH + "/attachments/{n}"
+INTAKES_PATH: Final = "/mas/v0.1/intakes"
+RESEND_PATH: Final = INTAKES_PATH + "/{ref}/resend"
 CASES_PATH: Final = "/mas/v0.1/cases"
 CASE_PATH: Final = CASES_PATH + "/{key}"
 THREAD_PATH: Final = CASE_PATH + "/thread"
@@ -66,6 +71,7 @@ REPLIES: Final[Mapping[str, int]] = MappingProxyType(
         "unknown-case": 404,  # also the read side
         "unknown-handoff": 404,
         "unknown-intake": 404,
+        "unknown-message": 404,  # also the read side: no such message or attachment
         "invalid-transition": 409,
         "already-assigned": 409,
         # this edge's own
@@ -73,7 +79,9 @@ REPLIES: Final[Mapping[str, int]] = MappingProxyType(
         "unsupported-media-type": 415,
         "too-large": 413,
         "unknown-item": 404,  # the outbound queue (masd.service.queue_actions)
-        "wrong-state": 409,  # the outbound queue: an item already sent or withdrawn
+        "wrong-state": 409,  # the outbound queue: an item already sent or withdrawn; an
+        # intake already assigned
+        "range-not-satisfiable": 416,  # a Range past the end of the bytes asked for
         "not-found": 404,
         "method-not-allowed": 405,
         "expectation-failed": 417,
@@ -203,9 +211,10 @@ class Served:
 Handler = Callable[[web.Request, Served], Awaitable[web.StreamResponse]]
 #: An ``Expect:`` handler (aiohttp's), run before the handler and its middleware.
 Expect = Callable[[web.Request, Served], Awaitable[web.StreamResponse | None]]
-#: Who may use a route: a peer's secret, the admin secret, anyone, or the console's
-#: (served while ``server.console`` is on; its module checks the session cookie).
-Auth = Literal["peer", "admin", "anyone", "console"]
+#: Who may use a route: a peer's secret, the admin secret, a reader of the read side
+#: (the admin, or a master for its own types: :mod:`masd.read.access`), anyone, or the
+#: console's (served while ``server.console`` is on; its module checks the session cookie).
+Auth = Literal["peer", "admin", "reader", "anyone", "console"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,133 @@
+"""The bytes of a recorded message and of its attachments, a piece at a time
+(docs/protocol.md §16.8).
+
+The raw message is read from the store in pieces of :data:`CHUNK` bytes
+(:func:`masd.store.message_reads.raw_range`), each its own read job, so serving a large
+message holds one piece at a time.  An attachment is first located
+(:func:`masd.core.partspans.attachment_spans`, on the raw bytes read once) and its
+decoded bytes checked against the event's ``sha256`` and ``size``; the span found is
+kept (:class:`Spans`), and then served as the raw message is, through its
+transfer encoding's decoder (:mod:`masd.core.partdecode`), a range by decoding from the
+start and skipping what comes before it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from masd.core.partdecode import decoder_for
+from masd.core.partspans import PartSpan, attachment_spans
+from masd.store import Store, Tx
+from masd.store import message_reads as reads
+
+#: Raw bytes read from the store at a time.
+CHUNK: Final = 256 * 1024
+#: Attachments whose span :class:`Spans` keeps.
+KEPT_SPANS: Final = 256
+
+
+class Mismatch(Exception):
+    """The bytes found for an attachment are not those its event lists (a fault of masd's)."""
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """An attachment as listed, and where its encoded bytes lie in the raw message."""
+
+    content_type: str
+    filename: str | None
+    size: int
+    sha256: str
+    span: PartSpan
+
+
+def _decoded_digest(raw: bytes, span: PartSpan) -> tuple[int, str]:
+    decoder = decoder_for(span.encoding)
+    digest = hashlib.sha256()
+    size = 0
+    view = memoryview(raw)
+    for at in range(span.start, span.end, CHUNK):
+        piece = decoder.feed(bytes(view[at : min(at + CHUNK, span.end)]))
+        digest.update(piece)
+        size += len(piece)
+    tail = decoder.end()
+    digest.update(tail)
+    return size + len(tail), digest.hexdigest()
+
+
+def locate(tx: Tx, message_ref: str, index: int, listed: Mapping[str, Any]) -> PartSpan:
+    """The span of attachment ``index`` of ``message_ref``, its decoded bytes checked
+    against ``listed`` (the event's entry); :class:`Mismatch` when they differ."""
+    raw = reads.raw_whole(tx, message_ref)
+    if raw is None:
+        raise Mismatch(f"message {message_ref} has no raw bytes")
+    spans = attachment_spans(raw)
+    if index >= len(spans):
+        raise Mismatch(f"message {message_ref}: attachment {index} not found in the raw bytes")
+    span = spans[index]
+    size, sha256 = _decoded_digest(raw, span)
+    if (size, sha256) != (listed.get("size"), listed.get("sha256")):
+        raise Mismatch(
+            f"message {message_ref}: attachment {index} decodes to {size} bytes "
+            f"sha256 {sha256}, not those of the event"
+        )
+    return span
+
+
+class Spans:
+    """The spans of the attachments served lately, so a range does not locate again."""
+
+    def __init__(self, keep: int = KEPT_SPANS) -> None:
+        self._kept: OrderedDict[tuple[str, int, str], PartSpan] = OrderedDict()
+        self._keep = keep
+
+    def get(self, key: tuple[str, int, str]) -> PartSpan | None:
+        span = self._kept.get(key)
+        if span is not None:
+            self._kept.move_to_end(key)
+        return span
+
+    def put(self, key: tuple[str, int, str], span: PartSpan) -> None:
+        self._kept[key] = span
+        while len(self._kept) > self._keep:
+            self._kept.popitem(last=False)
+
+
+async def raw_pieces(store: Store, message_ref: str, start: int, end: int) -> AsyncIterator[bytes]:
+    """``raw[start:end]`` of the message, a piece at a time."""
+    at = start
+    while at < end:
+        count = min(CHUNK, end - at)
+        job = functools.partial(reads.raw_range, message_ref=message_ref, offset=at, length=count)
+        piece = await store.read(job)
+        if not piece:
+            return
+        yield piece
+        at += len(piece)
+
+
+async def decoded_pieces(
+    store: Store, message_ref: str, span: PartSpan, first: int, last: int
+) -> AsyncIterator[bytes]:
+    """Bytes ``first`` to ``last`` (inclusive) of the attachment at ``span``, decoded."""
+    decoder = decoder_for(span.encoding)
+    at = 0  # decoded bytes before the current piece
+
+    def wanted(piece: bytes) -> bytes:
+        lo, hi = max(first - at, 0), min(last + 1 - at, len(piece))
+        return piece[lo:hi] if lo < hi else b""
+
+    async for encoded in raw_pieces(store, message_ref, span.start, span.end):
+        piece = decoder.feed(encoded)
+        if out := wanted(piece):
+            yield out
+        at += len(piece)
+        if at > last:
+            return
+    if out := wanted(decoder.end()):
+        yield out
