@@ -55,7 +55,10 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "metrics": frozenset({"core", "store"}),
     "service": frozenset({"core", "config", "store", "metrics"}),
     "read": frozenset({"core", "store"}),
-    "edges": frozenset({"masd", "clock", "core", "config", "store", "metrics", "service", "read"}),
+    # The HTTP edge's OpenAPI document bundles the schemas of conformance/schema.
+    "edges": frozenset(
+        {"masd", "_resources", "clock", "core", "config", "store", "metrics", "service", "read"}
+    ),
     "app": _RUNTIME - {"app"},
     "ops": frozenset({"core", "config", "store", "metrics", "service", "read", "edges"}),
     "testing": _RUNTIME | {"ops"},

@@ -21,6 +21,7 @@ from aiohttp.typedefs import Middleware
 from masd.clock import TestClock
 from masd.edges.context import EdgeContext
 from masd.edges.http import (
+    apidoc,
     case,
     cases,
     clock,
@@ -49,6 +50,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     *cases.ROUTES,
     *events.ROUTES,
     *outbox.ROUTES,
+    *apidoc.ROUTES,
 )
 
 AioExpect = Callable[[web.Request], Awaitable[web.StreamResponse | None]]

@@ -37,6 +37,8 @@ OUTBOX_PATH: Final = "/mas/v0.1/admin/outbox"
 CLOCK_PATH: Final = "/mas/v0.1/test/clock"
 HEALTHZ_PATH: Final = "/healthz"
 METRICS_PATH: Final = "/metrics"
+#: The OpenAPI description of this listener.
+OPENAPI_PATH: Final = "/openapi.json"
 
 # ------------------------------------------------------------------ limits
 
