@@ -90,7 +90,10 @@ def _kinds(op: Operation) -> tuple[str, ...]:
     """The refusals ``op`` can give: its own, the secret's, and masd's own failure."""
     auth = () if op.who == "anyone" or "unauthenticated" in op.refusals else ("unauthenticated",)
     reader = ("forbidden",) if op.who == "reader" else ()
-    return (*auth, *reader, *op.refusals, "unavailable")
+    # A path parameter that is not what the path takes (a `/` in it, an id that is not
+    # digits) matches no route.
+    unrouted = ("not-found",) if "{" in op.path else ()
+    return (*auth, *reader, *op.refusals, *unrouted, "unavailable")
 
 
 def _responses(op: Operation, *, head: bool) -> dict[str, Schema]:

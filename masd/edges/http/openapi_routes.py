@@ -86,11 +86,14 @@ def _limit(default: int, high: int) -> Schema:
 
 
 _LIMIT_1000: Final = _limit(100, 1000)
-_KEY: Final = path_param(
-    "key",
-    {"type": "string", "minLength": 1},
-    "The case's address or key, in any spelling, percent-encoded (docs/protocol.md §2).",
-)
+_KEY: Final = {
+    **path_param(
+        "key",
+        {"type": "string", "minLength": 1},
+        "The case's address or key, in any spelling, percent-encoded (docs/protocol.md §2).",
+    ),
+    "example": "ticket=gs-1@help.example",
+}
 _MESSAGE_REF: Final = path_param(
     "message_ref", {"type": "string", "minLength": 1}, "The message_ref masd gave the mail."
 )
