@@ -108,7 +108,7 @@ INBOUND: Final = ("handoff.status", "case.assign", "case.policy", "mail.send", "
 OUTBOUND: Final[Mapping[str, str]] = {
     "handoff.request": "masd asks a mode endpoint (master role) or a transfers webhook (slave "
     "role) to take the case over; the statuses go to its `status_url` (docs/protocol.md §8.6). "
-    "In the master role it carries `deadline_at`, which tolerant readers may ignore.",
+    "The first status may carry any `seq` from 0; each later one a greater `seq`.",
     "handoff.update": "Details the participant gave in answer to a negotiation question, "
     "to the mode (docs/protocol.md §8.7).",
     "handoff.cancel": "A handoff ends on masd's side: its deadline passed "
