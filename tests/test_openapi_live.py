@@ -7,7 +7,9 @@ outbox). Before the run a few mails and a status give the read side, the feed an
 something to show. Each generated request carries the secret its operation asks for
 (the admin's, or for ``POST /mas/v0.1/messages`` the peer that may send the body's type),
 and each answer must be no server error and conform to the document: a documented status,
-its content type, its schema, its headers.
+its content type, its schema, its headers. Requests the document rules out (a parameter out
+of its bounds, a body off its schema, another method, no secret, a required header missing)
+must be refused.
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ from hypothesis import HealthCheck, settings
 from schemathesis import Case
 from schemathesis.checks import (
     content_type_conformance,
+    ignored_auth,
+    missing_required_header,
+    negative_data_rejection,
     not_a_server_error,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
+    unsupported_method,
 )
 
 from masd.edges.http import ROUTES, openapi
@@ -51,6 +57,10 @@ CHECKS = [
     content_type_conformance,
     response_schema_conformance,
     response_headers_conformance,
+    negative_data_rejection,
+    unsupported_method,
+    ignored_auth,
+    missing_required_header,
 ]
 
 
@@ -167,7 +177,9 @@ def _schema(phases: list[str], examples: int) -> schemathesis.BaseSchema:
     schema = schemathesis.openapi.from_dict(openapi.document())
     schema.config.update(request_timeout=10)
     schema.config.phases.update(phases=phases)
-    schema.config.generation.update(max_examples=examples)
+    # masd ignores query parameters it does not know (a tolerant reader), so an unknown
+    # parameter is no invalid request that must be refused.
+    schema.config.generation.update(max_examples=examples, allow_extra_parameters=False)
     return schema
 
 
