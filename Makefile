@@ -54,7 +54,7 @@ pytest: $(BIN)/.installed
 # docs/openapi.json, the OpenAPI description GET /openapi.json serves (tests/test_openapi.py
 # fails while the file differs from what masd would serve).
 openapi: $(BIN)/.runtime
-	$(BIN)/python -m masd.edges.http.openapi > docs/openapi.json
+	$(BIN)/python -m masd.edges.http > docs/openapi.json
 
 # The Debian package, dist/masd_<version>_<arch>.deb (see packaging/README.md).
 package:

@@ -67,6 +67,7 @@ def test_every_route_declares_who_may_use_it() -> None:
     assert needs.pop(("POST", "/mas/v0.1/messages")) == "peer"
     assert needs.pop(("GET", "/healthz")) == "anyone"
     assert needs.pop(("GET", "/metrics")) == "anyone"
+    assert needs.pop(("GET", "/openapi.json")) == "anyone"
     assert needs
     assert set(needs.values()) == {"admin"}, needs
     assert len({(r.method, r.path) for r in ROUTES}) == len(ROUTES)

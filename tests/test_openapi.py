@@ -81,7 +81,7 @@ def test_the_file_in_docs_is_the_document() -> None:
 
 def test_the_module_prints_the_document() -> None:
     out = subprocess.run(
-        [sys.executable, "-W", "error", "-m", "masd.edges.http.openapi"],
+        [sys.executable, "-W", "error", "-m", "masd.edges.http"],
         capture_output=True,
         check=True,
         cwd=ROOT,

@@ -48,8 +48,8 @@ from masd.testing.process import MasdProcess
 pytestmark = pytest.mark.slow
 
 #: Generated requests per operation: the run stays well under two minutes on two cores.
-MAX_EXAMPLES = 10
-MESSAGE_EXAMPLES = 100
+MAX_EXAMPLES = 25
+MESSAGE_EXAMPLES = 150
 NOWHERE = "http://127.0.0.1:9"
 CHECKS = [
     not_a_server_error,

@@ -8,14 +8,12 @@ from typing import Final
 
 from aiohttp import web
 
+from masd.edges.http.openapi import rendered
 from masd.edges.http.shared import OPENAPI_PATH, Route, Served
 
 
 @functools.cache
 def _document() -> bytes:
-    # Imported here: `python -m masd.edges.http.openapi` must not find it loaded already.
-    from masd.edges.http.openapi import rendered
-
     return rendered()
 
 

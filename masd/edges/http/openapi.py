@@ -6,7 +6,7 @@
 Every GET route answers HEAD too, so each GET operation gets its HEAD twin.  Under
 ``webhooks``: every message masd sends to peers.  ``GET /openapi.json`` serves
 :func:`rendered`; the source keeps the same bytes in ``docs/openapi.json``, regenerated
-with ``python -m masd.edges.http.openapi > docs/openapi.json`` (``make openapi``).
+with ``python -m masd.edges.http > docs/openapi.json`` (``make openapi``).
 """
 
 from __future__ import annotations
@@ -67,11 +67,10 @@ def status_of(kind: str) -> int:
 
 
 def _refusal(kinds: list[str], status: int) -> Schema:
+    named = ("WWW-Authenticate",) if status == 401 else ("Retry-After",) if status == 503 else ()
     return {
         "description": f"Refused: {', '.join(kinds)} (the refusal body, docs/protocol.md §9.4).",
-        "headers": _headers(
-            ("WWW-Authenticate",) if status == 401 else ("Retry-After",) if status == 503 else ()
-        ),
+        **({"headers": _headers(named)} if named else {}),
         "content": {
             "application/json": {
                 "schema": {
@@ -228,8 +227,5 @@ def rendered() -> bytes:
 
 
 def main() -> None:
+    """Print the document (``python -m masd.edges.http``)."""
     sys.stdout.buffer.write(rendered())
-
-
-if __name__ == "__main__":
-    main()
