@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
-from support.http import serving
+from support.http import ADMIN, CALLBACK, serving, status_message
 
 from masd.edges.http import ROUTES, openapi
 from masd.edges.http.openapi_routes import INBOUND, OUTBOUND
@@ -211,5 +211,43 @@ def test_get_openapi_json_serves_the_file_without_a_secret(tmp_path: Path) -> No
             assert got.content == DOC_FILE.read_bytes()
             head = await r.client.head("/openapi.json")
             assert head.status_code == 200
+
+    asyncio.run(main())
+
+
+def _concrete(path: str) -> str:
+    return path.replace("{key}", "ticket=gs-1@help.example").replace("{id}", "1")
+
+
+def test_answers_under_a_store_fault_are_the_documented_503s(tmp_path: Path) -> None:
+    """With the store closed, every route that needs it answers the 503 its operation
+    documents (body and Retry-After); the others answer as usual."""
+    secrets = {"admin": ADMIN, "peer": CALLBACK}
+    message = status_message("ticket=gs-1@help.example", "0" * 32, 1, "running")
+
+    async def main() -> None:
+        async with serving(tmp_path) as r:
+            await r.open_callback_case()
+            r.store.close()
+            statuses = []
+            for route in ROUTES:
+                path = openapi.openapi_path(route.path)
+                headers = {"Content-Type": "application/json"}
+                if route.auth != "anyone":
+                    headers["Authorization"] = f"Bearer {secrets[route.auth]}"
+                body = json.dumps(message).encode() if route.auth == "peer" else None
+                got = await r.client.request(
+                    route.method, _concrete(path), headers=headers, content=body
+                )
+                documented = operations(DOC)[(route.method.lower(), path)]["responses"]
+                assert str(got.status_code) in documented, (route.path, got.text)
+                media = documented[str(got.status_code)]["content"]["application/json"]
+                schema = {**media["schema"], "components": DOC["components"]}
+                errors = list(Draft202012Validator(schema).iter_errors(got.json()))
+                assert not errors, (route.path, errors[0].message)
+                if got.status_code == 503:
+                    assert int(got.headers["retry-after"]) > 0
+                statuses.append(got.status_code)
+            assert statuses.count(503) >= len(ROUTES) - 1  # /openapi.json needs no store
 
     asyncio.run(main())
