@@ -20,7 +20,8 @@ from masd.edges.http.openapi_schemas import Schema, ref
 #: a master's own secret for its own types (the read side of docs/protocol.md §16).
 Who = Literal["anyone", "admin", "peer", "reader"]
 
-#: Kinds a route of docs/protocol.md §16 answers that REPLIES does not list yet.
+#: Kinds that routes described here but not served yet answer, which REPLIES does not list
+#: yet; each leaves once REPLIES has it (tests/test_openapi.py checks).
 ARRIVING_REPLIES: Final[Mapping[str, int]] = {"unknown-message": 404}
 
 
@@ -376,7 +377,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         "/mas/v0.1/intakes",
         "Intakes of slave types",
         "Intakes waiting for their `case.assign` (oldest first), or those assigned "
-        "(docs/protocol.md §15).",
+        "(docs/protocol.md §13.1).",
         "reader",
         (Answer(200, "A page of intakes; `next` is null when none follows.", ref("Intakes")),),
         ("invalid-message",),
