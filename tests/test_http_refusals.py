@@ -77,6 +77,7 @@ def test_every_route_declares_who_may_use_it() -> None:
     assert console
     assert all(path.startswith("/console") for path in console)
     needs = {route: need for route, need in needs.items() if need != "console"}
+    assert needs.pop(("GET", "/openapi.json")) == "anyone"
     assert needs
     # The read side (docs/protocol.md §16.10): the admin, or a master for its own types.
     readers = {path for (method, path), need in needs.items() if need == "reader"}

@@ -72,6 +72,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "edges": frozenset(
         {
             "masd",
+            "_resources",
             "clock",
             "logs",
             "core",

@@ -21,6 +21,7 @@ from aiohttp.typedefs import Middleware
 from masd.clock import TestClock
 from masd.edges.context import EdgeContext
 from masd.edges.http import (
+    apidoc,
     case,
     cases,
     clock,
@@ -55,6 +56,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     *console.ROUTES,
     *message.ROUTES,
     *intakes.ROUTES,
+    *apidoc.ROUTES,
 )
 
 AioExpect = Callable[[web.Request], Awaitable[web.StreamResponse | None]]

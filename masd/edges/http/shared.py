@@ -46,6 +46,8 @@ HEALTHZ_PATH: Final = "/healthz"
 #: The operator console (``server.console``), its pages under this prefix.
 CONSOLE_PATH: Final = "/console"
 METRICS_PATH: Final = "/metrics"
+#: The OpenAPI description of this listener.
+OPENAPI_PATH: Final = "/openapi.json"
 
 # ------------------------------------------------------------------ limits
 

@@ -1,0 +1,213 @@
+"""Every operation of docs/openapi.json against a live masd, with requests Schemathesis
+generates from the document's own schemas.
+
+masd runs as a real process (master type ``ticket`` with a callback endpoint, slave type
+``case`` with its master; the peers' URLs lead nowhere, so what masd sends waits in its
+outbox). Before the run a few mails and a status give the read side, the feed and the queue
+something to show. Each generated request carries the secret its operation asks for
+(the admin's, or for ``POST /mas/v0.1/messages`` the peer that may send the body's type),
+and each answer must be no server error and conform to the document: a documented status,
+its content type, its schema, its headers. Requests the document rules out (a parameter out
+of its bounds, a body off its schema, another method, no secret, a required header missing)
+must be refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis import Case
+from schemathesis.checks import (
+    content_type_conformance,
+    ignored_auth,
+    missing_required_header,
+    negative_data_rejection,
+    not_a_server_error,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+    unsupported_method,
+)
+
+from masd.edges.http import ROUTES, openapi
+from masd.testing import lmtpclient
+from masd.testing.config import DOMAIN, server_table, write_config
+from masd.testing.inbound import mx_mail
+from masd.testing.net import free_ports
+from masd.testing.process import MasdProcess
+
+pytestmark = pytest.mark.slow
+
+#: Generated requests per operation: the run stays well under two minutes on two cores.
+MAX_EXAMPLES = 25
+MESSAGE_EXAMPLES = 150
+NOWHERE = "http://127.0.0.1:9"
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+    negative_data_rejection,
+    unsupported_method,
+    ignored_auth,
+    missing_required_header,
+]
+
+
+class Live:
+    """The running masd: its base URL and the secrets a request may carry."""
+
+    def __init__(self, url: str, tokens: dict[str, str]) -> None:
+        self.url = url
+        self.tokens = tokens
+
+    def headers_for(self, case: Case) -> dict[str, str]:
+        security = case.operation.definition.raw.get("security", [])
+        if not security:
+            return {}
+        if {"admin": []} in security:
+            return {"Authorization": f"Bearer {self.tokens['admin']}"}
+        body = case.body if isinstance(case.body, dict) else {}
+        peer = "callback" if body.get("type") == "handoff.status" else "crm"
+        return {"Authorization": f"Bearer {self.tokens[peer]}"}
+
+
+def _config(directory: Path) -> tuple[Path, int, int, dict[str, str]]:
+    tokens = {name: f"{name}-{secrets.token_hex(16)}" for name in ("admin", "callback", "crm")}
+    lmtp_port, http_port, smtp_port = free_ports(3)
+    types: dict[str, Any] = {
+        "ticket": {
+            "role": "master",
+            "modes": ["callback"],
+            "id_prefix": "gs-",
+            "endpoints": {
+                "callback": {
+                    "url": NOWHERE + "/mas",
+                    "token_file": "secrets/callback.token",
+                    "deadline": "2h",
+                    "fields": ["phone"],
+                }
+            },
+        },
+        "case": {
+            "role": "slave",
+            "master": {"url": NOWHERE + "/crm", "token_file": "secrets/crm.token"},
+        },
+    }
+    server = server_table(lmtp_port=lmtp_port, http_port=http_port, smtp_port=smtp_port)
+    server["public_url"] = f"http://127.0.0.1:{http_port}"
+    doc = {"server": server, "domains": {DOMAIN: {"types": types}}}
+    return write_config(directory, doc, tokens), lmtp_port, http_port, tokens
+
+
+async def _populate(lmtp_port: int, url: str, tokens: dict[str, str]) -> None:
+    """A case with a handoff and a status, an intake, and mail waiting in the outbox."""
+    for rcpt in ("ticket!callback@help.example", "ticket@help.example", "case@help.example"):
+        _, data = mx_mail("alice@example.com", rcpt, body="phone: +1 555 0100\n")
+        result = await lmtpclient.deliver(
+            ("127.0.0.1", lmtp_port), "alice@example.com", [rcpt], data
+        )
+        assert result.codes == (250,), result
+    admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        case = (await client.get("/mas/v0.1/cases/ticket=gs-1@help.example", headers=admin)).json()
+        handoff = case["case"]["handoffs"][0]["handoff_id"]
+        status = {
+            "mas_modes_version": "0.1",
+            "type": "handoff.status",
+            "id": "st-1",
+            "case": {"address": "ticket=gs-1@help.example", "key": "ticket=gs-1@help.example"},
+            "handoff_id": handoff,
+            "seq": 1,
+            "status": "running",
+        }
+        got = await client.post(
+            "/mas/v0.1/messages",
+            content=json.dumps(status),
+            headers={
+                "Authorization": f"Bearer {tokens['callback']}",
+                "Content-Type": "application/json",
+            },
+        )
+        assert got.status_code == 200, got.text
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    directory = tmp_path_factory.mktemp("openapi-live")
+    config, lmtp_port, http_port, tokens = _config(directory)
+    masd = MasdProcess(config, directory / "masd.log")
+    try:
+        asyncio.run(masd.start())
+    except BaseException:
+        masd.close()
+        raise
+    url = f"http://127.0.0.1:{http_port}"
+    try:
+        asyncio.run(_populate(lmtp_port, url, tokens))
+        yield Live(url, tokens)
+    finally:
+        code = asyncio.run(masd.terminate())
+        masd.close()
+        log = masd.log()
+        assert code == 0, log
+        assert "Traceback" not in log, log
+
+
+#: (method, OpenAPI path) of every route masd serves (GET routes answer HEAD too).
+SERVED = {
+    (method, openapi.openapi_path(r.path))
+    for r in ROUTES
+    for method in (("get", "head") if r.method == "GET" else (r.method.lower(),))
+}
+MESSAGES = "/mas/v0.1/messages"
+
+
+def _schema(phases: list[str], examples: int) -> schemathesis.BaseSchema:
+    schema = schemathesis.openapi.from_dict(openapi.document())
+    schema.config.update(request_timeout=10)
+    schema.config.phases.update(phases=phases)
+    # masd ignores query parameters it does not know (a tolerant reader), so an unknown
+    # parameter is no invalid request that must be refused.
+    schema.config.generation.update(max_examples=examples, allow_extra_parameters=False)
+    return schema
+
+
+#: Every operation but POST /mas/v0.1/messages, through every phase (the examples, the
+#: coverage of each schema's bounds and the negative cases, then random requests).
+ROUTES_SCHEMA = _schema(["examples", "coverage", "fuzzing"], MAX_EXAMPLES).exclude(
+    path=MESSAGES, method="POST"
+)
+#: POST /mas/v0.1/messages without the coverage phase, whose walk through the ten message
+#: schemas takes minutes; random messages instead, more of them.
+MESSAGES_SCHEMA = _schema(["examples", "fuzzing"], MESSAGE_EXAMPLES).include(
+    path=MESSAGES, method="POST"
+)
+
+
+def _call(case: Case, live: Live) -> None:
+    if (case.operation.method.lower(), case.operation.path) not in SERVED:
+        pytest.skip(f"{case.operation.label}: described, not served yet")
+    case.call_and_validate(base_url=live.url, headers=live.headers_for(case), checks=CHECKS)
+
+
+@ROUTES_SCHEMA.parametrize()
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_answer_conforms_to_the_document(case: Case, live: Live) -> None:
+    _call(case, live)
+
+
+@MESSAGES_SCHEMA.parametrize()
+@settings(max_examples=MESSAGE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_answer_to_a_contract_message_conforms(case: Case, live: Live) -> None:
+    _call(case, live)
