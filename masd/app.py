@@ -28,7 +28,6 @@ from urllib.parse import urlsplit
 
 from masd.clock import Clock
 from masd.config import Config, ConfigErrors, load_config
-from masd.config.model import sqlite_path
 from masd.config.reload import restart_needed
 from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
@@ -41,7 +40,7 @@ from masd.edges.timer import DeadlineTimer
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
 from masd.service import PURGE_BATCH, Runtime, Wakes, purge, reloading
-from masd.store import Store
+from masd.store import StoreHandle, open_store
 
 log = logging.getLogger("masd.app")
 
@@ -130,7 +129,7 @@ class App:
         self.clock = clock or Clock()
         self.metrics = Metrics()
         self.rt = Runtime(config, new_id)
-        self.store: Store | None = None
+        self.store: StoreHandle | None = None
         self.listening: Listening | None = None
         self._stopped = asyncio.Event()
         self.wakeup = Wakeup()
@@ -144,8 +143,10 @@ class App:
                 f"a socket named {unserved[0]!r} was passed, but masd runs no such listener",
                 path="LISTEN_FDNAMES",
             )
-        database = sqlite_path(self.config.server.database, "masd serve")
-        self.store = await asyncio.to_thread(Store.open, database)
+        server = self.config.server
+        self.store = await asyncio.to_thread(
+            open_store, server.database, claim_timeout=server.claim_timeout
+        )
         ctx = EdgeContext(self.rt, self.store, self.clock, self.metrics, self.wakeup)
         self.outbox = Outbox(ctx)
         self.timer = DeadlineTimer(ctx)
@@ -154,7 +155,6 @@ class App:
         self.timer.start()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
         self.listening = await self._listen(ctx, inherited)
-        server = self.config.server
         http, policy, milter = self.listening.http, self.listening.policy, self.listening.milter
         self._bound_status_url()
         log.info(

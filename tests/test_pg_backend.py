@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.pgserver import free_port, fresh_database, pg_server  # noqa: F401
+from support.postgres import Database, postgres, postgres_server  # noqa: F401
 
 from masd.core.engine import CaseView
 from masd.store import StoreError, cases
@@ -17,6 +17,7 @@ from masd.store.backend import POSTGRESQL, SQLITE, Fault
 from masd.store.pg_backend import PgStore
 from masd.store.sql import Tx, run, tuples, value
 from masd.store.thread import append_thread
+from masd.testing.net import free_port
 
 # The tables these tests touch, as the PostgreSQL schema has them.
 _DDL = (
@@ -39,9 +40,9 @@ _DDL = (
 
 
 @pytest.fixture
-def hosts(pg_server: str) -> Iterator[tuple[PgStore, PgStore]]:  # noqa: F811
+def hosts(postgres: Database) -> Iterator[tuple[PgStore, PgStore]]:  # noqa: F811
     """Two stores on one fresh database: two masd hosts."""
-    server = fresh_database(pg_server)
+    server = postgres.socket_uri
     with PgStore(server) as setup:
 
         def schema(tx: Tx) -> None:

@@ -21,7 +21,6 @@ import socket
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -211,8 +210,6 @@ def check_peers(config: Config) -> list[Finding]:
 
 def check_store(config: Config, messages: int) -> list[Finding]:
     database = config.server.database
-    if not isinstance(database, Path):
-        return [Finding(False, "store", f"{database}: masd doctor checks an SQLite store only")]
     try:
         check_writable(database)
     except DoctorStoreError as exc:

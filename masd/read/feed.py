@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from masd.read.case_views import row_json
-from masd.store import Store, Tx
+from masd.store import StoreHandle, Tx
 from masd.store.entries import EntryRow, events, last_events, last_pos
 
 #: ``limit`` of a page of events: default and largest.
@@ -142,7 +142,7 @@ class FeedWatch:
 
 
 async def follow(
-    store: Store,
+    store: StoreHandle,
     watch: FeedWatch,
     after: int,
     *,
@@ -164,7 +164,7 @@ async def follow(
 
 
 async def stream(
-    store: Store,
+    store: StoreHandle,
     watch: FeedWatch,
     after: int,
     *,

@@ -21,7 +21,7 @@ from masd.edges.context import EdgeContext
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
 from masd.service import CommitListener, Runtime
-from masd.store import Store, StoreError
+from masd.store import StoreError, StoreHandle
 
 T = TypeVar("T")
 
@@ -176,7 +176,7 @@ class Served:
     listener told of each commit, and the event feed's watch."""
 
     rt: Runtime
-    store: Store
+    store: StoreHandle
     clock: Clock
     metrics: Metrics
     on_commit: CommitListener
