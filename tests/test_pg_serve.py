@@ -27,7 +27,10 @@ from masd.app import App
 from masd.cli import main
 from masd.config import load_config
 from masd.ops.doctor import check_store
-from masd.testing import FakePeer, SmtpSink, lmtpclient
+from masd.store import outbox
+from masd.store.pg_backend import PgStore
+from masd.store.sql import Tx, tuples
+from masd.testing import FakePeer, Recorded, SmtpSink, lmtpclient
 from masd.testing.postgres import PostgresServer, find_bindir
 
 RCPT = "ticket@help.example"
@@ -35,7 +38,7 @@ WAIT = 20.0
 
 
 def on_postgres(
-    directory: Path, uri: str, password: str, peer: FakePeer, sink: SmtpSink
+    directory: Path, uri: str, password: str, peer: FakePeer, sink: SmtpSink, extra: str = ""
 ) -> MasterSetup:
     """A master-role configuration whose store is the PostgreSQL database ``uri``."""
     setup = write_master_config(directory, endpoint_url=peer.url + "mas", smtp_port=sink.port)
@@ -47,7 +50,7 @@ def on_postgres(
     setup.config.write_text(
         text.replace(
             'database = "masd.db"\n',
-            f'database = "{uri}"\ndatabase_password_file = "secrets/database.password"\n',
+            f'database = "{uri}"\ndatabase_password_file = "secrets/database.password"\n' + extra,
         )
     )
     return setup
@@ -55,10 +58,10 @@ def on_postgres(
 
 @asynccontextmanager
 async def serving(
-    directory: Path, uri: str, password: str
+    directory: Path, uri: str, password: str, peer: FakePeer | None = None, extra: str = ""
 ) -> AsyncIterator[tuple[App, MasterSetup]]:
-    async with FakePeer() as peer, SmtpSink() as sink:
-        setup = on_postgres(directory, uri, password, peer, sink)
+    async with peer or FakePeer() as peer, SmtpSink() as sink:
+        setup = on_postgres(directory, uri, password, peer, sink, extra)
         app = App(load_config(setup.config))
         await app.start()
         try:
@@ -165,3 +168,56 @@ def test_the_database_down_and_back_without_a_restart(
             assert counted[0] == 2
 
     asyncio.run(scenario())
+
+
+@pytest.mark.slow
+def test_a_send_longer_than_its_lease_is_never_taken_by_another_host(
+    tmp_path: Path,
+    postgres: Database,
+) -> None:
+    """``claim_timeout`` 1 s, an endpoint that takes 4 s to answer: the lease is renewed
+    while the send lasts, so a second host trying to take the row all along never does."""
+    lease, answer_after = 1.0, 4.0
+
+    async def slow(_: Recorded) -> tuple[int, object]:
+        await asyncio.sleep(answer_after)
+        return 200, {"ok": True}
+
+    async def scenario() -> None:
+        peer = FakePeer(slow)
+        extra = f'claim_timeout = "{lease:g}s"\n'
+        async with serving(tmp_path, postgres.uri, postgres.password, peer, extra) as (app, setup):
+            other = PgStore(postgres.uri, password=postgres.password, host="other-host")
+            try:
+                sender = "bob@example.org"
+                rcpt = "ticket!callback@help.example"
+                _, data = mx_mail(sender, rcpt, subject="Call me", body="phone: +1 555 0100\n")
+                target = ("127.0.0.1", setup.lmtp_port)
+                assert (await lmtpclient.deliver(target, sender, [rcpt], data)).codes == (250,)
+                await peer.wait_for(1, WAIT)  # the handoff.request is being sent
+                taken = await tries_to_take(other, answer_after + lease)
+            finally:
+                other.close()
+            assert app.store is not None
+            await wait_until(lambda: not app.outbox._in_flight, "the send ended")
+        requests = [r.json["type"] for r in peer.requests]
+        print(f"\nlease {lease:g} s, send {answer_after:g} s: taken by the other host {taken}")
+        assert taken == []
+        assert requests.count("handoff.request") == 1, requests
+
+    asyncio.run(scenario())
+
+
+async def tries_to_take(store: PgStore, seconds: float) -> list[int]:
+    """Every outbox row ``store`` (another host) managed to claim within ``seconds``."""
+
+    def take(tx: Tx) -> list[int]:
+        pending = [int(r[0]) for r in tuples(tx, "SELECT id FROM outbox WHERE state = 'pending'")]
+        return outbox.claim(tx, pending, "other-host", 30.0) if pending else []
+
+    loop = asyncio.get_running_loop()
+    until, taken = loop.time() + seconds, []
+    while loop.time() < until:
+        taken += await store.write(take)
+        await asyncio.sleep(0.1)
+    return taken

@@ -45,6 +45,7 @@ from masd.service.outbox import (
     outbox_fell_due,
     outbox_heads,
     outbox_peer_heads,
+    outbox_renew,
     outbox_retry,
     outbox_start_id,
 )
@@ -101,6 +102,7 @@ __all__ = [
     "outbox_fell_due",
     "outbox_heads",
     "outbox_peer_heads",
+    "outbox_renew",
     "outbox_retry",
     "outbox_start_id",
     "policy_of",

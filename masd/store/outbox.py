@@ -255,3 +255,19 @@ def claim(tx: Tx, item_ids: Sequence[int], host: str, lease: float) -> list[int]
         (host, lease, list(item_ids), host),
     )
     return sorted(int(r[0]) for r in found)
+
+
+def renew(tx: Tx, item_id: int, host: str, lease: float) -> bool:
+    """Extend ``host``'s lease on the row ``item_id`` it is sending, by ``lease`` seconds
+    from now; False when the row is no longer ``host``'s (its lease ran out and another
+    host took it, or its outcome is recorded).  Where one host sends: always True."""
+    d = dialect(tx)
+    if not d.leases:
+        return True
+    found = tuples(
+        tx,
+        f"UPDATE outbox SET claimed_until = {d.now_epoch} + ? "  # noqa: S608 - dialect words only
+        "WHERE id = ? AND claimed_by = ? AND state = 'pending' RETURNING id",
+        (lease, item_id, host),
+    )
+    return bool(found)
