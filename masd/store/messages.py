@@ -9,7 +9,8 @@ from typing import Any
 
 from masd.core.event import GatewayEvent
 from masd.core.slave import IntakeView
-from masd.store.sql import Tx, dialect, dumps, one, run, value
+from masd.store.backend import Raced
+from masd.store.sql import Tx, dialect, dumps, one, run, tuples, value
 
 
 def record(
@@ -22,8 +23,16 @@ def record(
     dedupe: str,
     case_key: str | None,
     intake_ref: str | None = None,
+    seen_before: float | None = None,
 ) -> None:
-    """Record one recipient's copy of a mail, and its dedupe key."""
+    """Record one recipient's copy of a mail, and its dedupe key.
+
+    The key is unique: a row under it is taken over only when older than
+    ``seen_before`` (the dedupe window; None: any age).  Where another host
+    recorded the same copy meanwhile (its commit not visible to this job), nothing
+    is taken over and the job is run again (:class:`~masd.store.backend.Raced`),
+    to find that copy recorded: a mail delivered to two hosts at once is recorded
+    once, and both answer for it."""
     run(
         tx,
         "INSERT INTO messages (message_ref, case_key, intake_ref, rcpt_to, mail_from, message_id, "
@@ -43,12 +52,15 @@ def record(
             now,
         ),
     )
-    run(
+    taken = tuples(
         tx,
         "INSERT INTO deliveries (dedupe, message_ref, at) VALUES (?, ?, ?) "
-        "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at",
-        (dedupe, ev.message_ref, now),
+        "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at "
+        "WHERE deliveries.at <= ? RETURNING dedupe",
+        (dedupe, ev.message_ref, now, now if seen_before is None else seen_before),
     )
+    if not taken:
+        raise Raced(f"the mail {ev.message_ref} was recorded by another writer first")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ whichever host ran them.  A job that loses a race (serialization failure
 ``40001``, deadlock ``40P01``) is rolled back and run again from the start,
 at most :data:`CONFLICT_RETRIES` times, with a short random pause; its
 caller sees only the run that committed (a job must therefore keep its
-effects inside the transaction).  The caller is answered after ``COMMIT``
+effects inside the transaction: what it returns, wakes included, is acted on
+by its caller after the commit, and the lines it logs are held until then,
+:mod:`masd.store.deferred_logs`).  The caller is answered after ``COMMIT``
 returned (``synchronous_commit`` is the server's: keep it ``on``).
 
 What several hosts need, and where it comes from:
@@ -62,6 +64,7 @@ import contextlib
 import importlib
 import os
 import random
+import secrets
 import socket
 import threading
 import time
@@ -74,6 +77,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from masd.store import deferred_logs
 from masd.store.backend import POSTGRESQL, POSTGRESQL_READ, Cursor, Fault
 from masd.store.files import StoreError
 from masd.store.health import HEALTH_SECONDS, PROBE_SECONDS, HealthWatch, StoreHealth
@@ -147,7 +151,7 @@ class PgStore:
         #: past it, another host takes the row over (masd.store.outbox.claim).
         self.claim_seconds = claim_timeout
         #: This host's name on the rows it holds.
-        self.host = host or f"{socket.gethostname()}:{os.getpid()}"
+        self.host = host or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         kwargs: dict[str, Any] = {"autocommit": True}
         if password is not None:
             kwargs["password"] = password
@@ -168,6 +172,7 @@ class PgStore:
         self._stats = StoreStats()
         self._lock = threading.Lock()
         self.conflicts = 0  # runs rolled back by a race with another writer
+        deferred_logs.install()
 
     @classmethod
     def open(
@@ -227,6 +232,14 @@ class PgStore:
             )
 
     def _attempt(self, fn: Callable[[Tx], T], *, read: bool) -> T:
+        """One run of ``fn``; its log lines are emitted once it committed
+        (:mod:`masd.store.deferred_logs`: a run rolled back leaves none)."""
+        with deferred_logs.held() as records:
+            value = self._transaction(fn, read=read)
+        deferred_logs.release(records)
+        return value
+
+    def _transaction(self, fn: Callable[[Tx], T], *, read: bool) -> T:
         with self._pool.connection() as conn, conn.transaction():
             if read:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
