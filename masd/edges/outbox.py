@@ -139,6 +139,17 @@ class Outbox:
         self._requeued.update(queues)
         self._wake.set()
 
+    async def adopt(self) -> None:
+        """Look again at the queues whose head another host took and no longer holds
+        (several hosts, one store: it died mid-send); they are this host's to send."""
+        try:
+            queues = await self._store.read(service.outbox_orphans)
+        except Exception as exc:  # noqa: BLE001 - looked at again at the next poll
+            log.warning("outbox read of expired leases failed error=%s", exc)
+            return
+        if queues:
+            self.wake(queues)
+
     async def stop(self) -> None:
         """Take nothing new, let in-flight sends finish (at most ``stop_grace`` s), close."""
         self._stopping = True

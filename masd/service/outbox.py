@@ -31,6 +31,8 @@ next_outbox_at = rows.next_due_at
 outbox_claim = rows.claim
 #: ... and renewed while the send lasts, so that no send outlives its lease.
 outbox_renew = rows.renew
+#: ... and the rows of a host that stopped renewing are found again by the others.
+outbox_orphans = rows.orphaned_queues
 
 
 def outbox_done(tx: Tx, item_id: int, now: float) -> None:

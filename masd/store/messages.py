@@ -9,7 +9,7 @@ from typing import Any
 
 from masd.core.event import GatewayEvent
 from masd.core.slave import IntakeView
-from masd.store.backend import Raced
+from masd.store.backend import Dialect, Raced
 from masd.store.sql import Tx, dialect, dumps, one, run, tuples, value
 
 
@@ -109,15 +109,29 @@ def on_case(tx: Tx, case_key: str, message_ref: str) -> Sender | None:
 
 
 def latest_from(tx: Tx, case_key: str, address: str) -> Sender | None:
-    """The latest mail from ``address`` (any case of letters) on case ``case_key``."""
+    """The latest mail from ``address`` (any case of letters) on case ``case_key``.
+
+    Two mails received in the same instant (a clock standing still) are told apart
+    by the order they were recorded in: SQLite's ``rowid``; elsewhere, the place of
+    each one's ``mail.in`` entry in the case's thread."""
     return _sender(
         one(
             tx,
             "SELECT message_ref, from_address, event FROM messages "  # noqa: S608 - dialect words only
             "WHERE case_key = ? AND lower(from_address) = lower(?) "
-            f"ORDER BY received_at DESC, {dialect(tx).row_order('message_ref')} DESC LIMIT 1",
+            f"ORDER BY received_at DESC, {_recorded_order(dialect(tx))} DESC LIMIT 1",
             (case_key, address),
         )
+    )
+
+
+def _recorded_order(d: Dialect) -> str:
+    if d.name == "sqlite":
+        return "rowid"
+    return (
+        "COALESCE((SELECT max(t.seq) FROM thread t WHERE t.case_key = messages.case_key "  # noqa: S608
+        f"AND t.kind = 'mail.in' AND {d.json_get('t.data', 'message_ref')} = "
+        "messages.message_ref), 0) DESC, message_ref"
     )
 
 

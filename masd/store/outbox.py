@@ -271,3 +271,19 @@ def renew(tx: Tx, item_id: int, host: str, lease: float) -> bool:
         (lease, item_id, host),
     )
     return bool(found)
+
+
+def orphaned_queues(tx: Tx, limit: int = 100) -> list[str]:
+    """Queues whose pending head a host took and holds no longer (its lease ran out: that
+    host died mid-send, or lost the database), for another host to take over.  Nothing
+    where one host sends."""
+    d = dialect(tx)
+    if not d.leases:
+        return []
+    found = tuples(
+        tx,
+        "SELECT DISTINCT queue FROM outbox WHERE state = 'pending' "  # noqa: S608 - dialect words only
+        f"AND claimed_by IS NOT NULL AND claimed_until < {d.now_epoch} LIMIT ?",
+        (limit,),
+    )
+    return sorted(str(r[0]) for r in found)
