@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from support.masd_process import MasterSetup, mx_mail, write_master_config
 from support.postgres import Database, postgres_server  # noqa: F401
 from support.postgres import postgres as postgres
@@ -29,6 +30,8 @@ from masd.store import StoreHandle
 from masd.store.sql import tuples
 from masd.testing import FakePeer, SmtpSink, lmtpclient
 from masd.testing.net import free_ports
+
+pytestmark = pytest.mark.slow
 
 WAIT = 20.0
 #: Mails (and statuses) sent to both hosts at once.

@@ -76,6 +76,7 @@ async def hand_over(setup: MasterSetup, n: int) -> lmtpclient.LmtpResult:
     return await lmtpclient.deliver(("127.0.0.1", setup.lmtp_port), sender, [RCPT], data)
 
 
+@pytest.mark.slow
 def test_masd_serves_reads_and_checks_a_postgresql_store(
     tmp_path: Path, postgres: Database
 ) -> None:
