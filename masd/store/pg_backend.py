@@ -184,6 +184,10 @@ class PgStore:
         )
         self._pool.open(wait=False)
         self._workers = ThreadPoolExecutor(max_workers=size, thread_name_prefix="masd-pg")
+        #: One thread runs this host's write jobs, in the order they were submitted (as
+        #: SQLite's writer does: the recipients of one mail open their cases in order);
+        #: writes take turns across hosts anyway (:data:`WRITE_LOCK`).
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masd-pg-write")
         self._health = HealthWatch(self._label)
         self._closed = False
         self._stats = StoreStats()
@@ -319,7 +323,8 @@ class PgStore:
     def _submit(self, fn: Callable[[Tx], T], *, read: bool) -> Any:
         if self._closed:
             raise StoreError(f"store {self._label} is closed")
-        return self._workers.submit(self._run, fn, read=read)
+        runner = self._workers if read else self._writer
+        return runner.submit(self._run, fn, read=read)
 
     async def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in a transaction of its own; its result once committed."""
@@ -358,6 +363,7 @@ class PgStore:
         if self._closed:
             return
         self._closed = True
+        self._writer.shutdown(wait=True)
         self._workers.shutdown(wait=True)
         self._pool.close()
 
