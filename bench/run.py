@@ -54,7 +54,7 @@ MB = 1024 * 1024
 #: unauthenticated mail (smtp-source), no acknowledgement: intake only.
 ACK_PEERS = ("masd-ack", "masd-ack-dkim", "masd-callback-ack", "masd-callback-ack-dkim")
 PEERS = (*ACK_PEERS, "masd", "masd-callback", "aiosmtpd", "smtp-sink", "dovecot", "mailman")
-SECTIONS = ("intake", "status", "outbound", "smtp", "scale")
+SECTIONS = ("intake", "status", "outbound", "smtp", "scale", "stores")
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,7 @@ class Report:
     scale: list[dict[str, Any]] = field(default_factory=list)
     rss: dict[str, float] = field(default_factory=dict)
     wal: dict[str, float] = field(default_factory=dict)  # masd's WAL file, MB
+    stores: list[str] = field(default_factory=list)  # bench/stores.py's table
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -1243,6 +1244,13 @@ def render(r: Report) -> str:
         ]
         lines += _table(["when", "WAL MB"], [[k, fmt(v)] for k, v in r.wal.items()])
         lines.append("")
+    if r.stores:
+        lines += [
+            "### SQLite, PostgreSQL with one host, PostgreSQL with two hosts (bench/stores.py)",
+            "",
+            *r.stores,
+            "",
+        ]
     found = targets(r)
     if found:
         lines += ["### Targets", ""]
@@ -1392,6 +1400,20 @@ def _load() -> str:
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} cores)"
 
 
+def bench_stores(report: Report) -> None:
+    """Intake, outbound and status callbacks on each store, one and two hosts."""
+    from bench import stores
+    from masd.testing.postgres import find_bindir
+
+    if find_bindir() is None:
+        report.notes.append("stores: not measured, PostgreSQL is not installed (postgresql).")
+        return
+    o = report.options
+    mails, statuses = max(40, o.count // 10), max(20, o.count // 20)
+    say(f"stores: {mails} mails, {statuses} status callbacks on each")
+    report.stores = stores.run(["--mails", str(mails), "--statuses", str(statuses)])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     o = parse(args)
@@ -1415,6 +1437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "outbound": bench_outbound,
         "smtp": bench_smtp,
         "scale": bench_scale,
+        "stores": bench_stores,
     }
     for section in SECTIONS:
         if section in o.sections:

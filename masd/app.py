@@ -29,7 +29,6 @@ from urllib.parse import urlsplit
 
 from masd.clock import Clock
 from masd.config import Config, ConfigErrors, load_config
-from masd.config.model import sqlite_path
 from masd.config.reload import restart_needed
 from masd.edges import descriptors
 from masd.edges.context import EdgeContext
@@ -43,8 +42,8 @@ from masd.edges.timer import DeadlineTimer
 from masd.logs import keep_secrets
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
-from masd.service import PURGE_BATCH, Runtime, Wakes, expired, purge, reloading, retire
-from masd.store import Store
+from masd.service import ALL_WAKES, PURGE_BATCH, Runtime, Wakes, expired, purge, reloading, retire
+from masd.store import StoreHandle, open_store
 
 log = logging.getLogger("masd.app")
 
@@ -53,6 +52,11 @@ HOUSEKEEPING_SECONDS = 3600.0
 
 #: How long SIGTERM waits for in-flight deliveries before closing anyway.
 DRAIN_SECONDS = 30.0
+
+#: Where several hosts share the store, how often this host looks for what the others
+#: committed (rows queued, deadlines written, leases of a host that died): polling with
+#: this bound, beside the wakes of its own commits (see :meth:`App._other_hosts`).
+HOSTS_POLL_SECONDS = 1.0
 
 
 def sd_notify(state: str) -> bool:
@@ -134,10 +138,11 @@ class App:
         self.metrics = Metrics()
         self.rt = Runtime(config, new_id)
         keep_secrets(config)  # no log line shows them from now on
-        self.store: Store | None = None
+        self.store: StoreHandle | None = None
         self.listening: Listening | None = None
         self._stopped = asyncio.Event()
         self.wakeup = Wakeup()
+        self._poller: asyncio.Future[None] | None = None
 
     async def start(self) -> Listening:
         inherited = dict(self._sockets) if self._sockets is not None else inherited_sockets()
@@ -149,8 +154,10 @@ class App:
                 path="LISTEN_FDNAMES",
             )
         self._descriptors(inherited)
-        database = sqlite_path(self.config.server.database, "masd serve")
-        self.store = await asyncio.to_thread(Store.open, database)
+        server = self.config.server
+        self.store = await asyncio.to_thread(
+            open_store, server.database, claim_timeout=server.claim_timeout
+        )
         ctx = EdgeContext(self.rt, self.store, self.clock, self.metrics, self.wakeup)
         self.outbox = Outbox(ctx)
         self.timer = DeadlineTimer(ctx)
@@ -158,8 +165,9 @@ class App:
         self.outbox.start()
         self.timer.start()
         self._housekeeper = asyncio.ensure_future(self._housekeeping())
+        if getattr(self.store, "claim_seconds", None) is not None:
+            self._poller = asyncio.ensure_future(self._other_hosts())
         self.listening = await self._listen(ctx, inherited)
-        server = self.config.server
         http, policy, milter = self.listening.http, self.listening.policy, self.listening.milter
         self._bound_status_url()
         log.info(
@@ -294,10 +302,27 @@ class App:
             await self.listening.http.close()
         if self.store is not None:
             self._housekeeper.cancel()
-            await asyncio.gather(self._housekeeper, return_exceptions=True)
+            if self._poller is not None:
+                self._poller.cancel()
+            await asyncio.gather(self._housekeeper, self._poller or _done(), return_exceptions=True)
             await self.timer.stop()
             await self.outbox.stop()
             await asyncio.to_thread(self.store.close)
+
+    async def _other_hosts(self) -> None:
+        """Several hosts, one store: wake the outbox and the deadline timer every
+        :data:`HOSTS_POLL_SECONDS`, for what other hosts committed.
+
+        Polling, not ``LISTEN``/``NOTIFY``: a notification is lost with the session that
+        listens for it (a failover ends every session), so a host would need the poll
+        anyway to stay right; with it, a host learns of another's commit within the bound
+        and a database that fails over needs nothing more.  The event feed polls alike
+        (:data:`masd.read.feed.POLL_SECONDS`).
+        """
+        while True:
+            await asyncio.sleep(HOSTS_POLL_SECONDS)
+            self.wakeup.committed(ALL_WAKES)
+            await self.outbox.adopt()  # the rows of a host that died mid-send
 
     async def _housekeeping(self) -> None:
         """Purge expired dedupe, idempotency, delivered outbox and send log rows, and
@@ -386,6 +411,10 @@ class App:
             loop.remove_signal_handler(signal.SIGHUP)
             await asyncio.gather(*reloads, return_exceptions=True)
             await self.stop()
+
+
+async def _done() -> None:
+    return None
 
 
 def _where(server: asyncio.AbstractServer) -> str:

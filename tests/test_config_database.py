@@ -114,21 +114,22 @@ def test_only_one_final_newline_is_not_the_password() -> None:
             read_password(bad)
 
 
-def test_commands_that_need_an_sqlite_file_refuse_a_postgresql_store(tmp_path: Path) -> None:
+def test_commands_on_an_unreachable_postgresql_store_say_so(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from masd.cli import main
+    from masd.testing.net import free_port
 
+    uri = f"postgresql://masd@127.0.0.1:{free_port()}/masd?connect_timeout=2"
     config = tmp_path / "masd.toml"
     config.write_text(
-        f'[server]\ndatabase = "{URI}"\nhttp = "127.0.0.1:0"\nlmtp = "unix:lmtp.sock"\n'
+        f'[server]\ndatabase = "{uri}"\nhttp = "127.0.0.1:0"\nlmtp = "unix:lmtp.sock"\n'
         'trusted_authserv_ids = ["mx.help.example"]\n\n'
         '[domains."help.example".types.ticket]\nrole = "master"\n'
     )
     runner = CliRunner()
-    served = runner.invoke(main, ["serve", "--config", str(config)])
-    assert served.exit_code == 1
-    assert f"masd serve needs an SQLite store; server.database is {URI}" in served.output
-    listed = runner.invoke(main, ["case", "list", "--config", str(config)])
-    assert listed.exit_code == 1
-    assert f"reading cases needs an SQLite store; server.database is {URI}" in listed.output
+    for argv in (["serve"], ["case", "list"]):
+        done = runner.invoke(main, [*argv, "--config", str(config)])
+        assert done.exit_code == 1, done.output
+        assert f"store-unavailable: cannot open store {uri}" in done.output, done.output
+        assert "Connection refused" in done.output

@@ -21,6 +21,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from support.postgres import postgres_server  # noqa: F401
 
 from masd.conformance import coverage
 from masd.conformance.flow import CLAUSES, FlowError, load_flow, load_flows, parse_flow
@@ -39,10 +40,20 @@ SLAVE_FILES = sorted((FLOWS / "slave").glob("*.json"))
 # --------------------------------------------------------------------------- the suite
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_options(request: pytest.FixtureRequest) -> list[str]:
+    """``masd conformance run`` options: each flow on its own SQLite file, or on a fresh
+    database of the private PostgreSQL server (its unix socket: no password)."""
+    if request.param == "sqlite":
+        return []
+    server = request.getfixturevalue("postgres_server")
+    return ["--database", server.socket_uri()]
+
+
 @pytest.mark.slow
-def test_master_suite_passes() -> None:
+def test_master_suite_passes(store_options: list[str]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "masd", "conformance", "run", "--role", "master"],
+        [sys.executable, "-m", "masd", "conformance", "run", "--role", "master", *store_options],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -65,9 +76,9 @@ def test_at_least_thirty_master_flows() -> None:
 
 
 @pytest.mark.slow
-def test_slave_suite_passes() -> None:
+def test_slave_suite_passes(store_options: list[str]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "masd", "conformance", "run", "--role", "slave"],
+        [sys.executable, "-m", "masd", "conformance", "run", "--role", "slave", *store_options],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -9,14 +10,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.pgserver import free_port, fresh_database, pg_server  # noqa: F401
+from support.postgres import Database, postgres, postgres_server  # noqa: F401
 
 from masd.core.engine import CaseView
 from masd.store import StoreError, cases
-from masd.store.backend import POSTGRESQL, SQLITE, Fault
+from masd.store.backend import POSTGRESQL, SQLITE, Fault, Raced
 from masd.store.pg_backend import PgStore
 from masd.store.sql import Tx, run, tuples, value
 from masd.store.thread import append_thread
+from masd.testing.net import free_port
 
 # The tables these tests touch, as the PostgreSQL schema has them.
 _DDL = (
@@ -39,9 +41,9 @@ _DDL = (
 
 
 @pytest.fixture
-def hosts(pg_server: str) -> Iterator[tuple[PgStore, PgStore]]:  # noqa: F811
+def hosts(postgres: Database) -> Iterator[tuple[PgStore, PgStore]]:  # noqa: F811
     """Two stores on one fresh database: two masd hosts."""
-    server = fresh_database(pg_server)
+    server = postgres.socket_uri
     with PgStore(server) as setup:
 
         def schema(tx: Tx) -> None:
@@ -246,3 +248,32 @@ def test_a_read_only_database_is_unavailable_not_the_jobs_fault(
     _terminate_others(b)
     a.write_sync(lambda tx: run(tx, "UPDATE tally SET n = n + 1"))
     assert a.health.writable
+
+
+def test_a_job_run_again_logs_once_and_only_after_its_commit(
+    hosts: tuple[PgStore, PgStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, _ = hosts
+    runs: list[int] = []
+
+    def job(tx: Tx) -> int:
+        runs.append(len(runs))
+        logging.getLogger("masd").info("status recorded run=%d", runs[-1])
+        if len(runs) < 3:
+            raise Raced("another writer took the key")
+        return int(value(tx, "SELECT 1"))
+
+    with caplog.at_level(logging.INFO, logger="masd"):
+        assert a.write_sync(job) == 1
+        logged = [r.getMessage() for r in caplog.records if r.name == "masd"]
+
+        def refused(tx: Tx) -> None:
+            logging.getLogger("masd").info("never committed")
+            raise ValueError("the job's own error")
+
+        with pytest.raises(ValueError, match="own error"):
+            a.write_sync(refused)
+    assert runs == [0, 1, 2]
+    assert logged == ["status recorded run=2"]  # the run that committed, alone
+    assert "never committed" not in caplog.text
+    assert a.conflicts >= 2

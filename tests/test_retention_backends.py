@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.pgserver import fresh_database, pg_server  # noqa: F401
+from support.postgres import postgres, postgres_server  # noqa: F401
 
 from masd.core.engine import CaseView
 from masd.store import Store, cases, open_store, outbox, retention
@@ -33,7 +33,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         if os.environ.get("MASD_REQUIRE_SYSTEM_TESTS"):
             raise
         pytest.skip("the PostgreSQL schema is not in this tree")
-    uri = fresh_database(request.getfixturevalue("pg_server"))
+    uri = request.getfixturevalue("postgres").socket_uri
     with open_store(uri) as store:
         assert isinstance(store, PgStore)
         yield store

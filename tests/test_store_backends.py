@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.pgserver import fresh_database, pg_server  # noqa: F401
+from support.postgres import postgres, postgres_server  # noqa: F401
 
 from masd.core.engine import CaseView
 from masd.store import (
@@ -53,7 +53,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         if os.environ.get("MASD_REQUIRE_SYSTEM_TESTS"):
             raise
         pytest.skip("the PostgreSQL schema (masd.store.pg_schema, pg_admin) is not in this tree")
-    uri = fresh_database(request.getfixturevalue("pg_server"))
+    uri = request.getfixturevalue("postgres").socket_uri
     with open_store(uri) as store:  # migrates it
         assert isinstance(store, PgStore)
         yield store

@@ -111,3 +111,39 @@ def test_a_run_without_the_program_prints_the_package_in_its_summary(tmp_path: P
     )
     assert failed.returncode == 1, failed.stdout
     assert f"and {REQUIRE_VARIABLE} is set" in failed.stdout
+
+
+@pytest.mark.slow
+def test_the_postgresql_tests_need_postgresql_when_system_tests_are_required(
+    tmp_path: Path,
+) -> None:
+    """Without PostgreSQL's server programs, a test on the private server skips naming the
+    package, and fails under MASD_REQUIRE_SYSTEM_TESTS (as CI sets it)."""
+    case = tmp_path / "test_needs_postgresql.py"
+    case.write_text(
+        "import support.postgres\n"
+        "from support.postgres import postgres_server  # noqa: F401\n\n"
+        "support.postgres.find_bindir = lambda: None  # as on a machine without it\n\n"
+        "def test_pg(postgres_server):\n"
+        "    pass\n"
+    )
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(TESTS), "HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", str(case)]
+    outcomes = {}
+    for required in ("", "1"):
+        done = subprocess.run(
+            argv,
+            cwd=tmp_path,
+            env={**env, REQUIRE_VARIABLE: required},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        outcomes[required] = (done.returncode, done.stdout)
+    message = "PostgreSQL is not installed (Debian: apt-get install postgresql)"
+    assert outcomes[""][0] == 0, outcomes[""][1]
+    assert f"SKIPPED [1] {case.name}" in outcomes[""][1]
+    assert message in outcomes[""][1]
+    assert outcomes["1"][0] == 1, outcomes["1"][1]
+    assert f"{message}, and {REQUIRE_VARIABLE} is set" in outcomes["1"][1]

@@ -236,6 +236,20 @@ def conformance() -> None:
     help="Keep each flow's configuration, store and log under this folder.",
 )
 @click.option("--verbose", "-v", is_flag=True, help="Print the target's log after a failure.")
+@click.option(
+    "--database",
+    default=None,
+    metavar="URI",
+    help="Play every flow against masd on PostgreSQL: a postgresql:// URI of a database "
+    "the runner may create databases from (each flow gets a fresh one, dropped after). "
+    "Default: each flow's own SQLite file.",
+)
+@click.option(
+    "--database-password-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The PostgreSQL password for --database, on one line (mode 0600); else libpq's own means.",
+)
 def conformance_run(
     role: str | None,
     names: tuple[str, ...],
@@ -243,11 +257,19 @@ def conformance_run(
     flows_dir: Path | None,
     keep: Path | None,
     verbose: bool,
+    database: str | None,
+    database_password_file: Path | None,
 ) -> None:
     """Run the flows; one line per flow, then "N passed, M failed". Exit 0 only if all pass."""
     import sys
 
+    from masd.cli.db import _password
+    from masd.conformance.databases import FlowDatabases
     from masd.conformance.runner import command
+
+    if database is not None and not database.startswith(("postgresql://", "postgres://")):
+        raise click.BadParameter("a postgresql:// URI", param_hint="--database")
+    password = None if database_password_file is None else _password(database_password_file)
 
     raise SystemExit(
         command(
@@ -259,6 +281,7 @@ def conformance_run(
             verbose=verbose,
             out=sys.stdout,
             err=sys.stderr,
+            databases=FlowDatabases(database, password),
         )
     )
 

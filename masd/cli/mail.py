@@ -21,7 +21,7 @@ from masd.cli.watch import _json, _read_store
 if TYPE_CHECKING:
     from masd.cli.admin_client import Answer
     from masd.config import Config
-    from masd.store import Store
+    from masd.store import StoreHandle
 
 INTAKES_PATH = "/mas/v0.1/intakes"
 
@@ -79,7 +79,9 @@ def message_show(
         _write_bytes(store, found.doc["message"], index, output)
 
 
-def _write_bytes(store: Store, doc: dict[str, Any], index: int | None, output: Path | None) -> None:
+def _write_bytes(
+    store: StoreHandle, doc: dict[str, Any], index: int | None, output: Path | None
+) -> None:
     from masd.read import message_bytes as mb
 
     ref = doc["message_ref"]

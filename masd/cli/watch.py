@@ -22,27 +22,28 @@ from masd.cli.common import CONFIG, DEFAULT_CONFIG, load
 if TYPE_CHECKING:
     from masd.cli.admin_client import Answer
     from masd.config import Config
-    from masd.store import Store
+    from masd.store import StoreHandle, Tx
 
 #: How often ``masd tail --follow`` looks for new events.
 TAIL_POLL_SECONDS = 0.25
 OUTBOX_PATH = "/mas/v0.1/admin/outbox"
 
 
-def _read_store(config: Config) -> Store:
-    """The store, opened to read: never migrated here (``masd db migrate`` does that)."""
-    from masd.config.model import sqlite_path
+def _read_store(config: Config) -> StoreHandle:
+    """The store, opened to read: never migrated here (``masd db migrate`` does that).
+
+    Either kind: an SQLite file, or the PostgreSQL database several hosts share."""
     from masd.core.errors import MasdError
-    from masd.store import Store
+    from masd.store import open_store
 
     try:
-        return Store.open(sqlite_path(config.server.database, "reading cases"), migrate=False)
+        return open_store(config.server.database, migrate=False)
     except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
 
 
-def _one_case(store: Store, name: str) -> str:
+def _one_case(store: StoreHandle, name: str) -> str:
     """The key of the one case ``name`` names (address, key or id), or exit 1 saying why."""
     from masd.core.address import parse_address
     from masd.core.errors import AddressError
@@ -107,7 +108,7 @@ def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
         click.echo(format_case(found, thread, texts), nl=False)
 
 
-def _texts(store: Store, thread: dict[str, Any] | None) -> dict[str, str]:
+def _texts(store: StoreHandle, thread: dict[str, Any] | None) -> dict[str, str]:
     """The text of each mail.in of ``thread``, by message_ref (docs/protocol.md §16.6, §16.8)."""
     from masd.read.messages import message
 
@@ -117,8 +118,8 @@ def _texts(store: Store, thread: dict[str, Any] | None) -> dict[str, str]:
         if e.get("kind") == "mail.in" and e.get("message_ref")
     ]
 
-    def read(tx: Any) -> dict[str, str]:
-        texts = {}
+    def read(tx: Tx) -> dict[str, str]:
+        texts: dict[str, str] = {}
         for ref in refs:
             found = message(tx, ref)
             if found is not None:

@@ -35,6 +35,7 @@ from typing import Any, Final, TextIO
 import httpx
 
 from masd.conformance import acts, checks
+from masd.conformance.databases import FlowDatabases
 from masd.conformance.match import MatchError
 from masd.conformance.session import FlowRun, StepFailure
 from masd.conformance.standard import DOMAIN, apply_patch, standard_config
@@ -127,9 +128,15 @@ async def play(run: FlowRun) -> None:
         raise StepFailure(f"after the last step: unexpected {left}")
 
 
-async def run_flow(flow: Flow, target: Target, workdir: Path) -> FlowResult:
-    """One flow, one fresh target; never raises for what the target does."""
-    run = FlowRun(flow, target.argv, child_env(this_masd=target.default), workdir)
+async def run_flow(
+    flow: Flow, target: Target, workdir: Path, databases: FlowDatabases | None = None
+) -> FlowResult:
+    """One flow, one fresh target (and store); never raises for what the target does."""
+    databases = databases or FlowDatabases()
+    name = await asyncio.to_thread(databases.fresh)
+    env = child_env(this_masd=target.default)
+    keys, secrets = databases.server_keys(name), databases.secrets()
+    run = FlowRun(flow, target.argv, env, workdir, keys, secrets)
     log = workdir / "target.log"
     failure: str | None = None
     try:
@@ -141,6 +148,7 @@ async def run_flow(flow: Flow, target: Target, workdir: Path) -> FlowResult:
         failure = f"{type(exc).__name__}: {exc}"
     finally:
         code = await run.teardown()
+        await asyncio.to_thread(databases.drop, name)
     if failure is None and code not in (0, None):
         failure = f"after the last step: the target exited with {code} on SIGTERM, not 0"
     if failure is not None:
@@ -161,6 +169,7 @@ async def run_flows(
     *,
     keep: Path | None = None,
     verbose: bool = False,
+    databases: FlowDatabases | None = None,
 ) -> list[FlowResult]:
     """Every flow in turn; prints one line each and the summary line."""
     results: list[FlowResult] = []
@@ -171,7 +180,7 @@ async def run_flows(
             workdir = base / f"{flow.role}-{flow.name}"
             shutil.rmtree(workdir, ignore_errors=True)
             workdir.mkdir(parents=True)
-            result = await run_flow(flow, target, workdir)
+            result = await run_flow(flow, target, workdir, databases)
             results.append(result)
             print(result.line(), file=out, flush=True)
             if verbose and not result.ok and result.log is not None:
@@ -198,10 +207,13 @@ def run(
     *,
     keep: Path | None = None,
     verbose: bool = False,
+    databases: FlowDatabases | None = None,
 ) -> int:
     """Run the flows; exit status 0 only when every one passes."""
     try:
-        results = asyncio.run(run_flows(flows, target, out, keep=keep, verbose=verbose))
+        results = asyncio.run(
+            run_flows(flows, target, out, keep=keep, verbose=verbose, databases=databases)
+        )
     finally:
         reap_all()  # interrupted: no target outlives the run
     return 0 if results and all(r.ok for r in results) else 1
@@ -217,8 +229,11 @@ def command(
     verbose: bool,
     out: TextIO,
     err: TextIO,
+    databases: FlowDatabases | None = None,
 ) -> int:
-    """``masd conformance run``: 0 all passed, 1 a flow failed, 2 nothing to run or a bad flow."""
+    """``masd conformance run``: 0 all passed, 1 a flow failed, 2 nothing to run or a bad flow.
+
+    ``databases``: each flow's store (default: its own SQLite file)."""
     from masd._resources import conformance_dir
     from masd.conformance.flow import FlowError, load_flows
 
@@ -239,4 +254,4 @@ def command(
     if not flows:
         print(f"masd: no flows under {folder}" + (f"/{role}" if role else ""), file=err)
         return 2
-    return run(flows, chosen, out, keep=keep, verbose=verbose)
+    return run(flows, chosen, out, keep=keep, verbose=verbose, databases=databases)

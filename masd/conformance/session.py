@@ -77,8 +77,20 @@ class Variables:
 class FlowRun:
     """One flow against one fresh target process (``argv`` with ``--config FILE``)."""
 
-    def __init__(self, flow: Flow, argv: Sequence[str], env: dict[str, str], workdir: Path) -> None:
+    def __init__(
+        self,
+        flow: Flow,
+        argv: Sequence[str],
+        env: dict[str, str],
+        workdir: Path,
+        store: Mapping[str, Any] | None = None,
+        store_secrets: Mapping[str, str] | None = None,
+    ) -> None:
+        """``store``: ``[server]`` keys naming the target's store (default: its own SQLite
+        file); ``store_secrets``: the secrets they name."""
         self.flow = flow
+        self.store = dict(store or {})
+        self.store_secrets = dict(store_secrets or {})
         self.argv = list(argv)
         self.env = env
         self.dir = workdir
@@ -121,8 +133,9 @@ class FlowRun:
             smtp_port=self.sink.port,
             peer_urls=urls,
         )
+        config["server"].update(self.store)
         config = apply_patch(config, dict(self.flow.config))
-        path = write_config(self.dir, config, self.tokens)
+        path = write_config(self.dir, config, {**self.tokens, **self.store_secrets})
         http_url = f"http://127.0.0.1:{self.http_port}"
         self.vars.values.update(
             {

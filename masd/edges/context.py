@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from masd.clock import Clock
 from masd.metrics import Metrics
 from masd.service import CommitListener, NoListener, Runtime
-from masd.store import Store
+from masd.store import StoreHandle
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class EdgeContext:
     """The runtime, store, clock, metrics and commit listener an edge shares with the others."""
 
     rt: Runtime
-    store: Store
+    store: StoreHandle
     clock: Clock = field(default_factory=Clock)
     metrics: Metrics = field(default_factory=Metrics)
     listener: CommitListener = field(default_factory=NoListener)

@@ -45,7 +45,7 @@ from masd.edges.sockets import SOCKET_MODE, ListenError, serve
 from masd.logs import shown
 from masd.service import Runtime, UnknownCase
 from masd.service.trust_watch import TrustWatch
-from masd.store import Store, StoreError
+from masd.store import StoreError, StoreHandle
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -335,7 +335,7 @@ def check_address(config: Config, rcpt: str) -> tuple[ReplyCode, str, Address | 
     return Replies.RECIPIENT_OK, f"{addr.canonical} ok", addr
 
 
-async def check_recipient(rt: Runtime, store: Store, rcpt: str) -> tuple[ReplyCode, str]:
+async def check_recipient(rt: Runtime, store: StoreHandle, rcpt: str) -> tuple[ReplyCode, str]:
     """docs/protocol.md §3 at RCPT: would a mail to ``rcpt`` be recorded?  Never raises.
 
     The reply masd gives at LMTP RCPT, and the one the policy listener turns

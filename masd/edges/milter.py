@@ -56,7 +56,7 @@ from masd.edges.lmtp import ReplyCode as LmtpReply
 from masd.edges.sockets import ListenError, StreamListener, serve
 from masd.metrics import Metrics
 from masd.service import Runtime
-from masd.store import Store
+from masd.store import StoreHandle
 
 log = logging.getLogger("masd.milter")
 
@@ -148,7 +148,7 @@ def _text(value: bytes | memoryview) -> str:
 class MilterSession:
     """One MTA connection: the protocol state and the current message's size."""
 
-    def __init__(self, rt: Runtime, store: Store, metrics: Metrics, max_bytes: int) -> None:
+    def __init__(self, rt: Runtime, store: StoreHandle, metrics: Metrics, max_bytes: int) -> None:
         self.rt = rt
         self.store = store
         self.metrics = metrics

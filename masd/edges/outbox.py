@@ -22,6 +22,13 @@ once the answer is in: the peer is no longer busy with it).  Only a
 stop (or a crash) drops a kept outcome; the row is then still pending and
 goes out once more after the restart.  A send cut short by :meth:`Outbox.stop`
 likewise leaves its row pending.
+
+Several hosts on one store (PostgreSQL): a row is sent by the host that holds
+its lease (``server.claim_timeout``, :func:`masd.service.outbox_claim`), and
+the lease is renewed every third of its length while the send lasts, so a
+send longer than the lease (an SMTP session has ``SMTP_TIMEOUT`` per step) is
+never taken over by another host while this one is alive; a host that dies
+stops renewing, and its rows are another's within ``claim_timeout``.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import functools
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from masd import service
@@ -134,6 +141,17 @@ class Outbox:
         self._requeued.update(queues)
         self._wake.set()
 
+    async def adopt(self) -> None:
+        """Look again at the queues whose head another host took and no longer holds
+        (several hosts, one store: it died mid-send); they are this host's to send."""
+        try:
+            queues = await self._store.read(service.outbox_orphans)
+        except Exception as exc:  # noqa: BLE001 - looked at again at the next poll
+            log.warning("outbox read of expired leases failed error=%s", exc)
+            return
+        if queues:
+            self.wake(queues)
+
     async def stop(self) -> None:
         """Take nothing new, let in-flight sends finish (at most ``stop_grace`` s), close."""
         self._stopping = True
@@ -216,12 +234,42 @@ class Outbox:
             return False
         return item.id in taken
 
+    @contextlib.asynccontextmanager
+    async def _leased(self, item: OutboxItem) -> AsyncIterator[None]:
+        """While a send lasts, renew its lease every third of it (several hosts only)."""
+        lease: float | None = getattr(self._store, "claim_seconds", None)
+        if lease is None:
+            yield
+            return
+        renewer = asyncio.create_task(self._renew(item, lease), name=f"masd-lease-{item.id}")
+        try:
+            yield
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+
+    async def _renew(self, item: OutboxItem, lease: float) -> None:
+        host: str = getattr(self._store, "host", "")
+        while True:
+            await asyncio.sleep(lease / 3)
+            try:
+                held = await self._store.write(
+                    lambda db: service.outbox_renew(db, item.id, host, lease)
+                )
+            except Exception as exc:  # noqa: BLE001 - the send goes on; the lease may lapse
+                log.warning("outbox lease renewal failed id=%s error=%s", item.id, exc)
+                continue
+            if not held:
+                log.warning("outbox lease lost id=%s: another host may send it too", item.id)
+                return
+
     async def _attempt(self, item: OutboxItem, lane: str, probe: bool) -> None:
         judged = False
         try:
             if not await self._claimed(item):
                 return  # another host holds it; looked at again when its lease ends
-            outcome = await self._send(item)
+            async with self._leased(item):
+                outcome = await self._send(item)
             # The peer is done with it: its lane slot is free while the queue
             # stays taken until the outcome is recorded.
             self._judge(lane, outcome, probe)

@@ -359,8 +359,6 @@ def check_peers(config: Config) -> list[Finding]:
 
 def check_store(config: Config, messages: int) -> list[Finding]:
     database = config.server.database
-    if not isinstance(database, Path):
-        return [Finding(False, "store", f"{database}: masd doctor checks an SQLite store only")]
     try:
         check_writable(database)
     except DoctorStoreError as exc:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from masd.read.case_views import row_json
-from masd.store import Store, Tx
+from masd.store import StoreHandle, Tx
 from masd.store.entries import EntryRow, events, last_events, last_pos
 from masd.store.message_reads import scoped_events
 
@@ -210,7 +210,7 @@ class FeedWatch:
 
 
 async def follow(
-    store: Store,
+    store: StoreHandle,
     watch: FeedWatch,
     after: int,
     *,
@@ -233,7 +233,7 @@ async def follow(
 
 
 async def stream(
-    store: Store,
+    store: StoreHandle,
     watch: FeedWatch,
     after: int,
     *,

@@ -35,7 +35,7 @@ from typing import Final
 
 from masd.read.feed import MAX_EVENTS, MIN_GAP_SECONDS, POLL_SECONDS, Encoded, Encodings, FeedWatch
 from masd.read.feed import encoded as _encoded
-from masd.store import Store, StoreError
+from masd.store import StoreError, StoreHandle
 from masd.store.entries import last_pos
 
 log = logging.getLogger("masd.feed")
@@ -102,7 +102,7 @@ class FeedHub:
 
     def __init__(
         self,
-        store: Store,
+        store: StoreHandle,
         watch: FeedWatch,
         *,
         tail_bytes: int = TAIL_BYTES,

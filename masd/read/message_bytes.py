@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from masd.core.partdecode import decoder_for
 from masd.core.partspans import PartSpan, attachment_spans
-from masd.store import Store, Tx
+from masd.store import StoreHandle, Tx
 from masd.store import message_reads as reads
 
 #: Raw bytes read from the store at a time.
@@ -98,7 +98,9 @@ class Spans:
             self._kept.popitem(last=False)
 
 
-async def raw_pieces(store: Store, message_ref: str, start: int, end: int) -> AsyncIterator[bytes]:
+async def raw_pieces(
+    store: StoreHandle, message_ref: str, start: int, end: int
+) -> AsyncIterator[bytes]:
     """``raw[start:end]`` of the message, a piece at a time."""
     at = start
     while at < end:
@@ -112,7 +114,7 @@ async def raw_pieces(store: Store, message_ref: str, start: int, end: int) -> As
 
 
 async def decoded_pieces(
-    store: Store, message_ref: str, span: PartSpan, first: int, last: int
+    store: StoreHandle, message_ref: str, span: PartSpan, first: int, last: int
 ) -> AsyncIterator[bytes]:
     """Bytes ``first`` to ``last`` (inclusive) of the attachment at ``span``, decoded."""
     decoder = decoder_for(span.encoding)

@@ -58,6 +58,7 @@ class _Mail:
             dedupe=self.dedupe,
             case_key=case_key,
             intake_ref=intake_ref,
+            seen_before=job.now - DEDUPE_WINDOW,
         )
 
 

@@ -29,6 +29,10 @@ outbox_start_id = rows.start_id
 next_outbox_at = rows.next_due_at
 #: Where several hosts share the store, a row is sent by the host holding its lease.
 outbox_claim = rows.claim
+#: ... and renewed while the send lasts, so that no send outlives its lease.
+outbox_renew = rows.renew
+#: ... and the rows of a host that stopped renewing are found again by the others.
+outbox_orphans = rows.orphaned_queues
 
 
 def outbox_done(tx: Tx, item_id: int, now: float) -> None:

@@ -21,7 +21,8 @@ The store's functions are written once against :mod:`masd.store.backend` (a
 connection protocol, each database's few differences, which driver errors are
 the store's); :mod:`masd.store.pg_backend` runs them on PostgreSQL, for a store
 several hosts share (:func:`open_store` picks the backend from
-``server.database``; the driver is imported only for PostgreSQL).
+``server.database``; the driver is imported only for PostgreSQL).  Both follow
+:class:`~masd.store.handle.StoreHandle`, which is what the rest of masd holds.
 
 Timestamps in every table are REAL epoch seconds (UTC); JSON columns are TEXT.
 See :mod:`masd.store.schema` for the tables, :mod:`masd.store.db` for the
@@ -58,6 +59,7 @@ from masd.store.db import (
     migrate,
     open_store,
 )
+from masd.store.handle import StoreHandle
 from masd.store.outbox import OutboxItem
 from masd.store.schema import MIGRATIONS, Migration
 from masd.store.sql import Tx, dumps, savepoint
@@ -71,6 +73,7 @@ __all__ = [
     "OutboxItem",
     "Store",
     "StoreError",
+    "StoreHandle",
     "StoreHealth",
     "StoreStats",
     "Tx",

@@ -74,6 +74,17 @@ class Fault(enum.Enum):
     CONFLICT = "conflict"
 
 
+class Raced(Exception):
+    """A job found its unique key taken by a writer it could not see: run it again.
+
+    Raised by a store function whose ``INSERT ... ON CONFLICT DO NOTHING`` inserted
+    nothing (:func:`masd.store.idempotency.keep`): the job's other writes rest on a
+    look that another host's commit made stale.  Where several hosts write it is a
+    :attr:`Fault.CONFLICT` (the job is rolled back and run again, and then sees the
+    other's row); with one writer it cannot happen.
+    """
+
+
 # -- SQLite -----------------------------------------------------------------------
 
 #: Primary SQLite result codes that say the store, not the job, is at fault.
@@ -123,6 +134,8 @@ _PG_LOST: Final = frozenset(
 
 
 def _pg_fault(exc: BaseException) -> Fault | None:
+    if isinstance(exc, Raced):
+        return Fault.CONFLICT
     state = getattr(exc, "sqlstate", None)
     if isinstance(state, str) and state:
         if state in _PG_CONFLICT:

@@ -7,7 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from masd.store.sql import Tx, dumps, one, run
+from masd.store.backend import Raced
+from masd.store.sql import Tx, dumps, one, tuples
 
 
 def answered(tx: Tx, peer: str, message_id: str) -> tuple[int, Any] | None:
@@ -23,8 +24,14 @@ def answered(tx: Tx, peer: str, message_id: str) -> tuple[int, Any] | None:
 def keep(
     tx: Tx, peer: str, message_id: str, status: int, body: Mapping[str, Any], now: float
 ) -> None:
-    run(
+    """Keep the answer to (peer, id), by its unique key: where another host kept one
+    first (received the same message at the same time), this job is run again and
+    then finds that answer (:class:`~masd.store.backend.Raced`)."""
+    kept = tuples(
         tx,
-        "INSERT INTO idempotency (peer, id, status, body, at) VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO idempotency (peer, id, status, body, at) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (peer, id) DO NOTHING RETURNING peer",
         (peer, message_id, status, dumps(dict(body)), now),
     )
+    if not kept:
+        raise Raced(f"an answer to ({peer}, {message_id}) was kept by another writer first")

@@ -10,8 +10,8 @@ from typing import Any, Final, cast
 
 from masd.core.event import GatewayEvent
 from masd.core.slave import IntakeView
-from masd.store.backend import SQLITE
-from masd.store.sql import Tx, dialect, dumps, one, run, value
+from masd.store.backend import SQLITE, Dialect, Raced
+from masd.store.sql import Tx, dialect, dumps, one, run, tuples, value
 
 #: A mail at least this large is written with SQLite's blob I/O (:func:`_insert_sqlite`).
 BLOB_IO_BYTES: Final = 1 << 20
@@ -33,8 +33,16 @@ def record(
     dedupe: str,
     case_key: str | None,
     intake_ref: str | None = None,
+    seen_before: float | None = None,
 ) -> None:
-    """Record one recipient's copy of a mail, and its dedupe key."""
+    """Record one recipient's copy of a mail, and its dedupe key.
+
+    The key is unique: a row under it is taken over only when older than
+    ``seen_before`` (the dedupe window; None: any age).  Where another host
+    recorded the same copy meanwhile (its commit not visible to this job), nothing
+    is taken over and the job is run again (:class:`~masd.store.backend.Raced`),
+    to find that copy recorded: a mail delivered to two hosts at once is recorded
+    once, and both answer for it."""
     columns = [
         ev.message_ref,
         case_key,
@@ -53,12 +61,15 @@ def record(
         _insert_sqlite(tx, columns, raw)
     else:
         run(tx, _INSERT_BOUND, columns)
-    run(
+    taken = tuples(
         tx,
         "INSERT INTO deliveries (dedupe, message_ref, at) VALUES (?, ?, ?) "
-        "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at",
-        (dedupe, ev.message_ref, now),
+        "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at "
+        "WHERE deliveries.at <= ? RETURNING dedupe",
+        (dedupe, ev.message_ref, now, now if seen_before is None else seen_before),
     )
+    if not taken:
+        raise Raced(f"the mail {ev.message_ref} was recorded by another writer first")
 
 
 def _insert_sqlite(tx: Tx, columns: list[Any], raw: bytes) -> None:
@@ -125,15 +136,29 @@ def on_case(tx: Tx, case_key: str, message_ref: str) -> Sender | None:
 
 
 def latest_from(tx: Tx, case_key: str, address: str) -> Sender | None:
-    """The latest mail from ``address`` (any case of letters) on case ``case_key``."""
+    """The latest mail from ``address`` (any case of letters) on case ``case_key``.
+
+    Two mails received in the same instant (a clock standing still) are told apart
+    by the order they were recorded in: SQLite's ``rowid``; elsewhere, the place of
+    each one's ``mail.in`` entry in the case's thread."""
     return _sender(
         one(
             tx,
             "SELECT message_ref, from_address, event FROM messages "  # noqa: S608 - dialect words only
             "WHERE case_key = ? AND lower(from_address) = lower(?) "
-            f"ORDER BY received_at DESC, {dialect(tx).row_order('message_ref')} DESC LIMIT 1",
+            f"ORDER BY received_at DESC, {_recorded_order(dialect(tx))} DESC LIMIT 1",
             (case_key, address),
         )
+    )
+
+
+def _recorded_order(d: Dialect) -> str:
+    if d.name == "sqlite":
+        return "rowid"
+    return (
+        "COALESCE((SELECT max(t.seq) FROM thread t WHERE t.case_key = messages.case_key "  # noqa: S608
+        f"AND t.kind = 'mail.in' AND {d.json_get('t.data', 'message_ref')} = "
+        "messages.message_ref), 0) DESC, message_ref"
     )
 
 

@@ -255,3 +255,35 @@ def claim(tx: Tx, item_ids: Sequence[int], host: str, lease: float) -> list[int]
         (host, lease, list(item_ids), host),
     )
     return sorted(int(r[0]) for r in found)
+
+
+def renew(tx: Tx, item_id: int, host: str, lease: float) -> bool:
+    """Extend ``host``'s lease on the row ``item_id`` it is sending, by ``lease`` seconds
+    from now; False when the row is no longer ``host``'s (its lease ran out and another
+    host took it, or its outcome is recorded).  Where one host sends: always True."""
+    d = dialect(tx)
+    if not d.leases:
+        return True
+    found = tuples(
+        tx,
+        f"UPDATE outbox SET claimed_until = {d.now_epoch} + ? "  # noqa: S608 - dialect words only
+        "WHERE id = ? AND claimed_by = ? AND state = 'pending' RETURNING id",
+        (lease, item_id, host),
+    )
+    return bool(found)
+
+
+def orphaned_queues(tx: Tx, limit: int = 100) -> list[str]:
+    """Queues whose pending head a host took and holds no longer (its lease ran out: that
+    host died mid-send, or lost the database), for another host to take over.  Nothing
+    where one host sends."""
+    d = dialect(tx)
+    if not d.leases:
+        return []
+    found = tuples(
+        tx,
+        "SELECT DISTINCT queue FROM outbox WHERE state = 'pending' "  # noqa: S608 - dialect words only
+        f"AND claimed_by IS NOT NULL AND claimed_until < {d.now_epoch} LIMIT ?",
+        (limit,),
+    )
+    return sorted(str(r[0]) for r in found)

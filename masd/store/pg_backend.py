@@ -14,7 +14,9 @@ whichever host ran them.  A job that loses a race (serialization failure
 ``40001``, deadlock ``40P01``) is rolled back and run again from the start,
 at most :data:`CONFLICT_RETRIES` times, with a short random pause; its
 caller sees only the run that committed (a job must therefore keep its
-effects inside the transaction).  The caller is answered after ``COMMIT``
+effects inside the transaction: what it returns, wakes included, is acted on
+by its caller after the commit, and the lines it logs are held until then,
+:mod:`masd.store.deferred_logs`).  The caller is answered after ``COMMIT``
 returned (``synchronous_commit`` is the server's: keep it ``on``).
 
 What several hosts need, and where it comes from:
@@ -45,7 +47,20 @@ What several hosts need, and where it comes from:
   transactions that append to threads commit one after another, as every
   transaction does on SQLite.
 
-Reads run ``READ ONLY`` at ``REPEATABLE READ``: one snapshot per call.
+Writers take turns.  Left to SERIALIZABLE alone, writers that touch the same
+rows (every new case bumps its type's ``id_counters`` row; every job that
+appends to a thread takes the feed lock) conflict, and under load the
+losers lose again on every retry: eight LMTP sessions opening cases at once
+made jobs fail after nine runs.  So a write job first takes the advisory lock
+:data:`WRITE_LOCK` on its session, before its transaction (and so its
+snapshot) begins, and lets go of it after the commit: across every host, one
+write transaction runs at a time, as SQLite's one writer does, each seeing
+every commit before it.  Conflicts are then left to what the lock does not
+cover (none among masd's own jobs); the retry stays for them.  A host that
+dies holds nothing: the lock is its session's.
+
+Reads run ``READ ONLY`` at ``REPEATABLE READ``: one snapshot per call, never
+waiting for the writers.
 
 Faults.  :meth:`Dialect.classify` tells the server's faults (connection
 refused or lost, admin shutdown, a read-only standby, disk full) from the
@@ -62,6 +77,7 @@ import contextlib
 import importlib
 import os
 import random
+import secrets
 import socket
 import threading
 import time
@@ -74,6 +90,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from masd.store import deferred_logs
 from masd.store.backend import POSTGRESQL, POSTGRESQL_READ, Cursor, Fault
 from masd.store.files import StoreError
 from masd.store.health import HEALTH_SECONDS, PROBE_SECONDS, HealthWatch, StoreHealth
@@ -93,6 +110,10 @@ CLAIM_TIMEOUT: Final = 30.0
 CONNECT_TIMEOUT: Final = 5.0
 
 
+#: Held by a write job from before its transaction begins until after it ends.
+WRITE_LOCK: Final = 0x6D617364_77726974  # "masdwrit"
+_WRITE_LOCK: Final = f"SELECT pg_advisory_lock({WRITE_LOCK})"
+_WRITE_UNLOCK: Final = f"SELECT pg_advisory_unlock({WRITE_LOCK})"
 _PROBE: Final = "SELECT pg_current_xact_id()"  # takes a transaction id: fails where nothing commits
 
 
@@ -147,7 +168,7 @@ class PgStore:
         #: past it, another host takes the row over (masd.store.outbox.claim).
         self.claim_seconds = claim_timeout
         #: This host's name on the rows it holds.
-        self.host = host or f"{socket.gethostname()}:{os.getpid()}"
+        self.host = host or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         kwargs: dict[str, Any] = {"autocommit": True}
         if password is not None:
             kwargs["password"] = password
@@ -163,11 +184,16 @@ class PgStore:
         )
         self._pool.open(wait=False)
         self._workers = ThreadPoolExecutor(max_workers=size, thread_name_prefix="masd-pg")
+        #: One thread runs this host's write jobs, in the order they were submitted (as
+        #: SQLite's writer does: the recipients of one mail open their cases in order);
+        #: writes take turns across hosts anyway (:data:`WRITE_LOCK`).
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masd-pg-write")
         self._health = HealthWatch(self._label)
         self._closed = False
         self._stats = StoreStats()
         self._lock = threading.Lock()
         self.conflicts = 0  # runs rolled back by a race with another writer
+        deferred_logs.install()
 
     @classmethod
     def open(
@@ -227,7 +253,29 @@ class PgStore:
             )
 
     def _attempt(self, fn: Callable[[Tx], T], *, read: bool) -> T:
-        with self._pool.connection() as conn, conn.transaction():
+        """One run of ``fn``; its log lines are emitted once it committed
+        (:mod:`masd.store.deferred_logs`: a run rolled back leaves none)."""
+        with deferred_logs.held() as records:
+            value = self._transaction(fn, read=read)
+        deferred_logs.release(records)
+        return value
+
+    def _transaction(self, fn: Callable[[Tx], T], *, read: bool) -> T:
+        with self._pool.connection() as conn:
+            if read:
+                return self._in_transaction(conn, fn, read=True)
+            # Every host's writers take turns (the module docstring says why): the
+            # lock is the session's, taken before the transaction's snapshot exists.
+            conn.execute(_WRITE_LOCK)
+            try:
+                return self._in_transaction(conn, fn, read=False)
+            finally:
+                with contextlib.suppress(psycopg.Error):  # a lost session holds nothing
+                    conn.execute(_WRITE_UNLOCK)
+
+    @staticmethod
+    def _in_transaction(conn: psycopg.Connection[Any], fn: Callable[[Tx], T], *, read: bool) -> T:
+        with conn.transaction():
             if read:
                 conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             else:
@@ -275,7 +323,8 @@ class PgStore:
     def _submit(self, fn: Callable[[Tx], T], *, read: bool) -> Any:
         if self._closed:
             raise StoreError(f"store {self._label} is closed")
-        return self._workers.submit(self._run, fn, read=read)
+        runner = self._workers if read else self._writer
+        return runner.submit(self._run, fn, read=read)
 
     async def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in a transaction of its own; its result once committed."""
@@ -314,6 +363,7 @@ class PgStore:
         if self._closed:
             return
         self._closed = True
+        self._writer.shutdown(wait=True)
         self._workers.shutdown(wait=True)
         self._pool.close()
 

@@ -2,24 +2,32 @@
 
 The store is opened on its own connection, never created or migrated here
 (a missing file is a finding, not something to fix), and every check is a
-rolled-back transaction: the doctor changes nothing.
+rolled-back transaction: the doctor changes nothing.  A PostgreSQL store
+(several hosts, one database) is checked the same way through
+:func:`masd.store.open_store`: opened without migrating (pending migrations
+are a finding), a transaction that takes a transaction id (it fails where the
+server cannot commit: down, a standby), and the same read of recent messages.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, TypeVar
 from urllib.parse import quote
 
 from masd.core.errors import MasdError
+from masd.store.sql import Tx, dialect, tuples
 
 #: How long a check waits for masd's writer to let go of the store.
 BUSY_TIMEOUT_MS: Final = 5000
 #: The header part read of each message: enough for any header block masd's
 #: trust rules read (its Authentication-Results sit at the top).
 HEADER_OCTETS: Final = 65536
+
+T = TypeVar("T")
 
 
 class DoctorStoreError(MasdError):
@@ -54,8 +62,12 @@ def _connect(database: Path) -> sqlite3.Connection:
     return db
 
 
-def check_writable(database: Path) -> None:
-    """Take the store's write lock and give it back (``BEGIN IMMEDIATE``, ``ROLLBACK``)."""
+def check_writable(database: object) -> None:
+    """Take the store's write lock and give it back (``BEGIN IMMEDIATE``, ``ROLLBACK``);
+    on PostgreSQL, a transaction id taken and the transaction ended."""
+    if not isinstance(database, Path):
+        _on_postgres(database, lambda tx: tuples(tx, "SELECT pg_current_xact_id()"), write=True)
+        return
     db = _connect(database)
     try:
         db.execute("BEGIN IMMEDIATE")
@@ -66,8 +78,11 @@ def check_writable(database: Path) -> None:
         db.close()
 
 
-def recent_messages(database: Path, limit: int) -> list[RecentMessage]:
+def recent_messages(database: object, limit: int) -> list[RecentMessage]:
     """The ``limit`` most recently received messages, newest first."""
+    if not isinstance(database, Path):
+        rows = _on_postgres(database, lambda tx: _recent(tx, limit), write=False)
+        return [_recent_message(*row) for row in rows]
     db = _connect(database)
     try:
         rows = db.execute(
@@ -81,10 +96,46 @@ def recent_messages(database: Path, limit: int) -> list[RecentMessage]:
         raise DoctorStoreError(f"cannot read the messages of {database}: {exc}") from exc
     finally:
         db.close()
-    return [
-        RecentMessage(str(ref), float(at), dmarc, sid, str(frm or ""), str(to or ""), bytes(head))
-        for ref, at, dmarc, sid, frm, to, head in rows
-    ]
+    return [_recent_message(*row) for row in rows]
+
+
+def _recent_message(
+    ref: object,
+    at: float,
+    dmarc: str | None,
+    sid: str | None,
+    frm: str | None,
+    to: str | None,
+    head: bytes,
+) -> RecentMessage:
+    return RecentMessage(
+        str(ref), float(at), dmarc, sid, str(frm or ""), str(to or ""), bytes(head)
+    )
+
+
+def _recent(tx: Tx, limit: int) -> list[tuple[Any, ...]]:
+    d = dialect(tx)
+    return tuples(
+        tx,
+        f"SELECT message_ref, received_at, {d.json_get('event', 'auth', 'dmarc')}, "  # noqa: S608 - dialect words only
+        f"{d.json_get('event', 'auth', 'authserv_id')}, {d.json_get('event', 'mail_from')}, "
+        f"{d.json_get('event', 'rcpt_to')}, substr(raw, 1, ?) "
+        "FROM messages ORDER BY received_at DESC LIMIT ?",
+        (HEADER_OCTETS, limit),
+    )
+
+
+def _on_postgres(database: object, job: Callable[[Tx], T], *, write: bool) -> T:
+    """``job`` on the PostgreSQL store ``database``, opened for this alone, never migrated."""
+    from masd.store.db import open_store
+    from masd.store.files import StoreError
+
+    try:
+        with open_store(database, migrate=False) as store:
+            return store.write_sync(job) if write else store.read_sync(job)
+    except StoreError as exc:
+        what = "write" if write else "read the messages of"
+        raise DoctorStoreError(f"cannot {what} {database}: {exc}") from exc
 
 
 @dataclass(frozen=True)

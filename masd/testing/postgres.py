@@ -5,7 +5,8 @@ on a cluster of its own: ``initdb`` into a fresh temporary directory, a unix soc
 inside it, TCP on ``127.0.0.1`` at a port picked as :mod:`masd.testing.net` picks them.  The
 system's own cluster, if there is one, is never touched.  Run as root, the server runs as the
 ``postgres`` system user (``initdb`` refuses root).  :meth:`PostgresServer.stop` stops it and
-removes the directory.
+removes the directory; :meth:`~PostgresServer.pause` and :meth:`~PostgresServer.resume`
+stop and start it keeping its data (the database down, then back).
 
 The cluster's superuser is ``masd``; on the unix socket it is trusted, on TCP it must give its
 password (:attr:`PostgresServer.password`, SCRAM), so a test can exercise both of libpq's ways
@@ -111,6 +112,18 @@ class PostgresServer:
         finally:
             self._remove()
 
+    def pause(self) -> None:
+        """Stop the server (fast shutdown: every session is ended) and keep its data."""
+        if self._running:
+            self._run("pg_ctl", "-D", str(self._root() / "data"), "-m", "fast", "-w", "stop")
+            self._running = False
+
+    def resume(self) -> None:
+        """Start a paused server again, on the port it had."""
+        if not self._running:
+            self._start_on(self.port)
+            self._running = True
+
     def __enter__(self) -> PostgresServer:
         return self.start()
 
@@ -145,25 +158,28 @@ class PostgresServer:
 
     def _listen(self) -> None:
         """Start on a free loopback port; another pick if the port was taken meanwhile."""
-        root = self._root()
-        options = (
-            f"-c listen_addresses=127.0.0.1 -c unix_socket_directories={self.socket_dir} "
-            "-c fsync=off -c full_page_writes=off"  # a throwaway cluster: no crash safety
-        )
         for attempt in range(_START_TRIES):
             self.port = free_port()
             try:
-                self._run(
-                    "pg_ctl",
-                    *("-D", str(root / "data"), "-l", str(root / "server.log")),
-                    *("-w", "-t", str(_TIMEOUT), "-o", f"{options} -p {self.port}", "start"),
-                )
+                self._start_on(self.port)
             except PostgresError:
                 if attempt == _START_TRIES - 1:
                     raise
                 continue
             self._running = True
             return
+
+    def _start_on(self, port: int) -> None:
+        root = self._root()
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c unix_socket_directories={self.socket_dir} "
+            "-c fsync=off -c full_page_writes=off"  # a throwaway cluster: no crash safety
+        )
+        self._run(
+            "pg_ctl",
+            *("-D", str(root / "data"), "-l", str(root / "server.log")),
+            *("-w", "-t", str(_TIMEOUT), "-o", f"{options} -p {port}", "start"),
+        )
 
     def _run(self, program: str, *args: str) -> None:
         account = self._account

@@ -23,7 +23,7 @@ from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
 from masd.read.feed_hub import FeedHub
 from masd.service import CommitListener, Runtime
-from masd.store import Store, StoreError
+from masd.store import StoreError, StoreHandle
 
 T = TypeVar("T")
 
@@ -195,7 +195,7 @@ class Served:
     in to the console."""
 
     rt: Runtime
-    store: Store
+    store: StoreHandle
     clock: Clock
     metrics: Metrics
     on_commit: CommitListener
