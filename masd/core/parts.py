@@ -119,14 +119,17 @@ def _source(leaf: Leaf, filename: str | None, content_type: str, inner: int | No
     return Source(content_type, filename, leaf.encoding, leaf.start, leaf.end, inner)
 
 
-def _entries(leaf: Leaf) -> Iterator[tuple[Source, bytes]]:
-    """Where each attachment one leaf lists comes from, and its bytes."""
-    data = leaf.decoded()
-    if leaf.content_type == "message/rfc822":
+def _entries(leaf: Leaf, wanted: bool) -> Iterator[tuple[Source, bytes]]:
+    """Where each attachment one leaf lists comes from, and its bytes (``b""`` for the
+    leaf's own unless ``wanted``: decoded only where the listing itself needs them)."""
+    rfc822 = leaf.content_type == "message/rfc822"
+    tnef = not rfc822 and is_tnef(leaf.content_type, leaf.filename)
+    data = leaf.decoded() if wanted or tnef or (rfc822 and not leaf.filename) else b""
+    if rfc822:
         yield _source(leaf, _message_name(leaf, data), leaf.content_type, None), data
         return
     yield _source(leaf, leaf.filename, leaf.content_type, None), data
-    if is_tnef(leaf.content_type, leaf.filename):
+    if tnef:
         for index, (name, inner) in enumerate(tnef_files(data)):
             name = cap(one_line(name), MAX_FILENAME) or None if name else None
             yield _source(leaf, name, "application/octet-stream", index), inner
@@ -139,7 +142,7 @@ def _is_listed(leaf: Leaf) -> bool:
 
 
 def _listed_entries(
-    found: Iterable[Leaf], body_leaf: Leaf | None, limit: int
+    found: Iterable[Leaf], body_leaf: Leaf | None, limit: int, *, wanted: bool = True
 ) -> Iterator[tuple[Source, bytes] | None]:
     """Each listed attachment's source and bytes, in the list's order; ``None`` for each
     one left out over ``limit`` (a leaf past the bound counted once, undecoded)."""
@@ -150,7 +153,7 @@ def _listed_entries(
         if count >= limit:
             yield None  # counted without decoding (a TNEF's inner files unseen)
             continue
-        for entry in _entries(leaf):
+        for entry in _entries(leaf, wanted):
             if count >= limit:
                 yield None
             else:
@@ -183,7 +186,8 @@ def attachment_sources(raw: bytes, *, limit: int) -> list[Source]:
     ``raw`` come from, in the same order (the same walk, keeping offsets)."""
     headers, body = entity_at(raw, 0, len(raw))
     found = list(leaves(first_of(headers), raw, body))
-    return [entry[0] for entry in _listed_entries(found, _body_leaf(found), limit) if entry]
+    entries = _listed_entries(found, _body_leaf(found), limit, wanted=False)
+    return [entry[0] for entry in entries if entry]
 
 
 def source_bytes(encoded: bytes, source: Source) -> bytes:
