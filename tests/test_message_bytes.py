@@ -3,6 +3,7 @@ against the event reader (masd.core.event) and the whole-body decoders (masd.cor
 
 from __future__ import annotations
 
+import base64
 import binascii
 import hashlib
 import random
@@ -10,11 +11,12 @@ from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
+from test_mime_cases import HEAD, tnef
 
 from masd.core import mime
 from masd.core.event import build_event
 from masd.core.partdecode import decoder_for
-from masd.core.partspans import attachment_spans
+from masd.core.partspans import attachment_spans, span_bytes
 from masd.core.trust import TrustSettings
 
 MAIL = Path(__file__).parent / "mail"
@@ -83,7 +85,11 @@ def spans_match_event(raw: bytes) -> int:
     spans = attachment_spans(raw)
     assert len(spans) == len(event.attachments)
     for span, listed in zip(spans, event.attachments, strict=True):
-        data = decoded(span.encoding, raw[span.start : span.end], random.Random(0))
+        encoded = raw[span.start : span.end]
+        if span.streamable:
+            data = decoded(span.encoding, encoded, random.Random(0))
+        else:
+            data = span_bytes(encoded, span)
         assert (len(data), hashlib.sha256(data).hexdigest()) == (listed.size, listed.sha256)
         assert (span.content_type, span.filename) == (listed.content_type, listed.filename)
     return len(spans)
@@ -113,3 +119,24 @@ def test_nested_multiparts_with_every_encoding() -> None:
     raw = msg.as_bytes().replace(b"\n", b"\r\n")
     assert spans_match_event(raw) == 4
     assert spans_match_event(b"From x@y Mon Jan 1\n" + raw) == 4
+
+
+def test_files_inside_a_tnef_part_and_uuencoded_bodies_are_decoded_whole() -> None:
+    files = [("REPORT~1.PDF", "Quarterly report 2025.pdf", b"%PDF-1.4 x"), ("A.TXT", "a.txt", b"a")]
+    uu = binascii.b2a_uu(b"uuencoded bytes")
+    raw = HEAD + (
+        b"Content-Type: multipart/mixed; boundary=b\n\n--b\nContent-Type: text/plain\n\nsee\n"
+        b'--b\nContent-Type: application/ms-tnef; name="winmail.dat"\n'
+        b"Content-Transfer-Encoding: base64\n\n" + base64.encodebytes(tnef(files)) + b"--b\n"
+        b"Content-Type: application/octet-stream; name=u.bin\n"
+        b"Content-Transfer-Encoding: x-uuencode\n\nbegin 644 u.bin\n" + uu + b"`\nend\n--b--\n"
+    )
+    assert spans_match_event(raw) == 4
+    spans = attachment_spans(raw)
+    assert [(s.streamable, s.inner) for s in spans] == [
+        (True, None),
+        (False, 0),
+        (False, 1),
+        (False, None),
+    ]
+    assert span_bytes(raw[spans[3].start : spans[3].end], spans[3]) == b"uuencoded bytes"

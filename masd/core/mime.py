@@ -359,6 +359,9 @@ class Leaf(NamedTuple):
     encoding: str
     #: the part's body as it stands in the message (a view, not a copy)
     body: memoryview
+    #: where that body lies in the message: ``data[start:end]``
+    start: int = 0
+    end: int = 0
 
     def decoded(self) -> bytes:
         if self.encoding == "base64":
@@ -426,14 +429,19 @@ def leaves(first: Mapping[str, str], data: bytes, start: int = 0) -> Iterator[Le
                     stack.append((first_of(part_headers), body, part_hi, depth + 1, inner))
                 continue
         count += 1
-        yield _leaf(hdrs, ctype, cparams, view[lo:hi])
+        yield _leaf(hdrs, ctype, cparams, view, lo, hi)
 
 
 _BLANK = re.compile(rb"[ \t\r\n]*")
 
 
 def _leaf(
-    hdrs: Mapping[str, str], ctype: str, cparams: Mapping[str, str], body: memoryview
+    hdrs: Mapping[str, str],
+    ctype: str,
+    cparams: Mapping[str, str],
+    view: memoryview,
+    lo: int,
+    hi: int,
 ) -> Leaf:
     disp_raw = hdrs.get("content-disposition")
     disposition, dparams = params(disp_raw) if disp_raw else ("", _NO_PARAMS)
@@ -442,7 +450,8 @@ def _leaf(
         filename = cap(one_line(decode_words(filename)), MAX_FILENAME) or None
     cte = hdrs.get("content-transfer-encoding")
     encoding = strip_comments(cte).strip().lower() if cte else ""
-    return Leaf(ctype, cparams.get("charset"), disposition, filename, encoding, body)
+    charset = cparams.get("charset")
+    return Leaf(ctype, charset, disposition, filename, encoding, view[lo:hi], lo, hi)
 
 
 # What follows "--" boundary on a delimiter line: "--" if it closes, then

@@ -12,6 +12,10 @@
   without one); a TNEF part is
   listed as itself, then each file inside it.
 * The list holds at most ``limit`` entries; the rest are counted, not hashed.
+
+The same walk tells where each listed attachment's bytes lie in the message
+(:func:`attachment_sources`, what the attachment route serves from), so the
+n-th source is always the n-th listed attachment.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from masd.core.mime import (
     one_line,
 )
 from masd.core.tnef import is_tnef, tnef_files
+from masd.core.uu import UU_ENCODINGS
 
-__all__ = ["Listed", "Parts", "read_parts"]
+__all__ = ["Listed", "Parts", "Source", "attachment_sources", "read_parts", "source_bytes"]
 
 
 class Listed(NamedTuple):
@@ -46,6 +51,25 @@ class Listed(NamedTuple):
     content_type: str
     size: int
     sha256: str
+
+
+class Source(NamedTuple):
+    """Where one listed attachment's bytes lie: its part's encoded body ``raw[start:end]``
+    in its transfer encoding and, for a file inside a TNEF part, its index among them."""
+
+    content_type: str
+    filename: str | None
+    encoding: str
+    start: int
+    end: int
+    #: the index of the file inside the TNEF part; None: the part's own bytes
+    inner: int | None
+
+    @property
+    def streamable(self) -> bool:
+        """Its bytes are its encoded body decoded a piece at a time (base64,
+        quoted-printable or none); else they are decoded whole."""
+        return self.inner is None and self.encoding not in UU_ENCODINGS
 
 
 class Parts(NamedTuple):
@@ -91,23 +115,50 @@ def _message_name(leaf: Leaf, data: bytes) -> str | None:
     return cap(name, MAX_FILENAME - 4) + ".eml" if name else "message.eml"
 
 
-def _entries(leaf: Leaf) -> Iterator[tuple[str | None, str, bytes]]:
-    """(filename, content type, bytes) of what one attachment leaf lists."""
-    data = leaf.decoded()
-    if leaf.content_type == "message/rfc822":
-        yield _message_name(leaf, data), leaf.content_type, data
+def _source(leaf: Leaf, filename: str | None, content_type: str, inner: int | None) -> Source:
+    return Source(content_type, filename, leaf.encoding, leaf.start, leaf.end, inner)
+
+
+def _entries(leaf: Leaf, wanted: bool) -> Iterator[tuple[Source, bytes]]:
+    """Where each attachment one leaf lists comes from, and its bytes (``b""`` for the
+    leaf's own unless ``wanted``: decoded only where the listing itself needs them)."""
+    rfc822 = leaf.content_type == "message/rfc822"
+    tnef = not rfc822 and is_tnef(leaf.content_type, leaf.filename)
+    data = leaf.decoded() if wanted or tnef or (rfc822 and not leaf.filename) else b""
+    if rfc822:
+        yield _source(leaf, _message_name(leaf, data), leaf.content_type, None), data
         return
-    yield leaf.filename, leaf.content_type, data
-    if is_tnef(leaf.content_type, leaf.filename):
-        for name, inner in tnef_files(data):
+    yield _source(leaf, leaf.filename, leaf.content_type, None), data
+    if tnef:
+        for index, (name, inner) in enumerate(tnef_files(data)):
             name = cap(one_line(name), MAX_FILENAME) or None if name else None
-            yield name, "application/octet-stream", inner
+            yield _source(leaf, name, "application/octet-stream", index), inner
 
 
 def _is_listed(leaf: Leaf) -> bool:
     return (
         leaf.is_attachment or leaf.filename is not None or not leaf.content_type.startswith("text/")
     )
+
+
+def _listed_entries(
+    found: Iterable[Leaf], body_leaf: Leaf | None, limit: int, *, wanted: bool = True
+) -> Iterator[tuple[Source, bytes] | None]:
+    """Each listed attachment's source and bytes, in the list's order; ``None`` for each
+    one left out over ``limit`` (a leaf past the bound counted once, undecoded)."""
+    count = 0
+    for leaf in found:
+        if leaf is body_leaf or not _is_listed(leaf):
+            continue
+        if count >= limit:
+            yield None  # counted without decoding (a TNEF's inner files unseen)
+            continue
+        for entry in _entries(leaf, wanted):
+            if count >= limit:
+                yield None
+            else:
+                count += 1
+                yield entry
 
 
 def read_parts(
@@ -121,15 +172,32 @@ def read_parts(
     text = _body_text(body_leaf, text_limit) if body_leaf is not None else ""
     listed: list[Listed] = []
     omitted = 0
-    for leaf in found:
-        if leaf is body_leaf or not _is_listed(leaf):
-            continue
-        if len(listed) >= limit:
-            omitted += 1  # counted without decoding (a TNEF's inner files unseen)
-            continue
-        for name, ctype, data in _entries(leaf):
-            if len(listed) >= limit:
-                omitted += 1
-            else:
-                listed.append(_listed(name, ctype, data))
+    for entry in _listed_entries(found, body_leaf, limit):
+        if entry is None:
+            omitted += 1
+        else:
+            source, data = entry
+            listed.append(_listed(source.filename, source.content_type, data))
     return Parts(text, tuple(listed), omitted)
+
+
+def attachment_sources(raw: bytes, *, limit: int) -> list[Source]:
+    """Where the bytes of each attachment :func:`read_parts` lists for the whole message
+    ``raw`` come from, in the same order (the same walk, keeping offsets)."""
+    headers, body = entity_at(raw, 0, len(raw))
+    found = list(leaves(first_of(headers), raw, body))
+    entries = _listed_entries(found, _body_leaf(found), limit, wanted=False)
+    return [entry[0] for entry in entries if entry]
+
+
+def source_bytes(encoded: bytes, source: Source) -> bytes:
+    """The bytes of the attachment at ``source``, from its encoded body ``raw[start:end]``
+    decoded whole (as the event reader decodes it)."""
+    leaf = Leaf(
+        source.content_type, None, "", source.filename, source.encoding, memoryview(encoded)
+    )
+    data = leaf.decoded()
+    if source.inner is None:
+        return data
+    files = tnef_files(data)
+    return files[source.inner][1] if source.inner < len(files) else b""

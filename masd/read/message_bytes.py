@@ -8,7 +8,9 @@ message holds one piece at a time.  An attachment is first located
 decoded bytes checked against the event's ``sha256`` and ``size``; the span found is
 kept (:class:`Spans`), and then served as the raw message is, through its
 transfer encoding's decoder (:mod:`masd.core.partdecode`), a range by decoding from the
-start and skipping what comes before it.
+start and skipping what comes before it.  An attachment whose bytes are no such span (a
+file inside a TNEF part, a uuencoded body) is decoded whole from its part's encoded
+bytes in memory, bounded by the size of the message.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from masd.core.partdecode import decoder_for
-from masd.core.partspans import PartSpan, attachment_spans
+from masd.core.partspans import PartSpan, attachment_spans, span_bytes
 from masd.store import StoreHandle, Tx
 from masd.store import message_reads as reads
 
@@ -47,6 +49,9 @@ class Attachment:
 
 
 def _decoded_digest(raw: bytes, span: PartSpan) -> tuple[int, str]:
+    if not span.streamable:
+        data = span_bytes(raw[span.start : span.end], span)
+        return len(data), hashlib.sha256(data).hexdigest()
     decoder = decoder_for(span.encoding)
     digest = hashlib.sha256()
     size = 0
@@ -117,6 +122,11 @@ async def decoded_pieces(
     store: StoreHandle, message_ref: str, span: PartSpan, first: int, last: int
 ) -> AsyncIterator[bytes]:
     """Bytes ``first`` to ``last`` (inclusive) of the attachment at ``span``, decoded."""
+    if not span.streamable:
+        encoded = b"".join([p async for p in raw_pieces(store, message_ref, span.start, span.end)])
+        if out := span_bytes(encoded, span)[first : last + 1]:
+            yield out
+        return
     decoder = decoder_for(span.encoding)
     at = 0  # decoded bytes before the current piece
 
