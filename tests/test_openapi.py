@@ -19,25 +19,20 @@ from referencing.jsonschema import DRAFT202012
 from support.http import ADMIN, CALLBACK, serving, status_message
 
 from masd.edges.http import ROUTES, openapi
-from masd.edges.http.openapi_routes import INBOUND, OUTBOUND
+from masd.edges.http.openapi_routes import INBOUND, OUTBOUND, UNDOCUMENTED
 from masd.edges.http.shared import REPLIES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILE = ROOT / "docs" / "openapi.json"
 METHODS = ("get", "head", "post", "put", "patch", "delete", "options", "trace")
 
-#: Routes of docs/protocol.md §15 that the document describes before the listener serves
-#: them; each leaves this set when its route is added to ROUTES.
-ARRIVING: frozenset[tuple[str, str]] = frozenset(
-    (method, path)
-    for path in (
-        "/mas/v0.1/messages/{message_ref}",
-        "/mas/v0.1/messages/{message_ref}/raw",
-        "/mas/v0.1/messages/{message_ref}/attachments/{n}",
-        "/mas/v0.1/intakes",
-    )
-    for method in ("get", "head")
-)
+#: Routes that the document describes before the listener serves them; each leaves this set
+#: when its route is added to ROUTES.
+ARRIVING: frozenset[tuple[str, str]] = frozenset()
+
+#: The routes the document describes: all but those of an undocumented auth kind (the
+#: operator console's HTML pages, a user interface rather than part of the API).
+API_ROUTES = tuple(r for r in ROUTES if r.auth not in UNDOCUMENTED)
 
 DOC = openapi.document()
 
@@ -65,7 +60,7 @@ def operations(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 def served() -> set[tuple[str, str]]:
     """(method, OpenAPI path) of every route, with HEAD beside each GET as aiohttp adds it."""
     out = set()
-    for route in ROUTES:
+    for route in API_ROUTES:
         path = openapi.openapi_path(route.path)
         out.add((route.method.lower(), path))
         if route.method == "GET":
@@ -129,15 +124,28 @@ def test_every_route_has_an_operation_and_every_operation_a_route() -> None:
 
 
 def test_each_operation_asks_for_the_secret_its_route_needs() -> None:
-    schemes = {"anyone": [], "admin": [{"admin": []}], "peer": [{"peer": []}]}
+    schemes = {
+        "anyone": [],
+        "admin": [{"admin": []}],
+        "peer": [{"peer": []}],
+        "reader": [{"admin": []}, {"peer": []}],
+    }
     ops = operations(DOC)
-    for route in ROUTES:
+    for route in API_ROUTES:
         for method in ("get", "head") if route.method == "GET" else (route.method.lower(),):
             op = ops[(method, openapi.openapi_path(route.path))]
             assert op["security"] == schemes[route.auth], (method, route.path)
             if route.auth != "anyone":
                 assert "401" in op["responses"], route.path
                 assert "WWW-Authenticate" in op["responses"]["401"]["headers"]
+            if route.auth == "reader":
+                assert "403" in op["responses"], route.path
+
+
+def test_no_operation_describes_an_undocumented_route() -> None:
+    left_out = {openapi.openapi_path(r.path) for r in ROUTES if r.auth in UNDOCUMENTED}
+    assert left_out, "the console's routes"
+    assert not left_out & set(DOC["paths"])
 
 
 def _kinds(response: dict[str, Any]) -> list[str]:
@@ -160,7 +168,7 @@ def test_every_refusal_is_listed_under_its_status_from_replies() -> None:
     posted = operations(DOC)[("post", "/mas/v0.1/messages")]["responses"]
     listed = {kind for status in posted if int(status) >= 400 for kind in _kinds(posted[status])}
     contract = set(REPLIES) - {"ok", "unknown-item", "wrong-state", "not-found"}
-    contract -= {"method-not-allowed", "store"}
+    contract -= {"method-not-allowed", "store", "unknown-message", "range-not-satisfiable"}
     assert listed == contract
 
 
@@ -216,13 +224,15 @@ def test_get_openapi_json_serves_the_file_without_a_secret(tmp_path: Path) -> No
 
 
 def _concrete(path: str) -> str:
-    return path.replace("{key}", "ticket=gs-1@help.example").replace("{id}", "1")
+    for name, value in (("{key}", "ticket=gs-1@help.example"), ("{id}", "1"), ("{n}", "0")):
+        path = path.replace(name, value)
+    return path.replace("{ref}", "m-1")
 
 
 def test_answers_under_a_store_fault_are_the_documented_503s(tmp_path: Path) -> None:
     """With the store closed, every route that needs it answers the 503 its operation
     documents (body and Retry-After); the others answer as usual."""
-    secrets = {"admin": ADMIN, "peer": CALLBACK}
+    secrets = {"admin": ADMIN, "reader": ADMIN, "peer": CALLBACK}
     message = status_message("ticket=gs-1@help.example", "0" * 32, 1, "running")
 
     async def main() -> None:
@@ -230,7 +240,7 @@ def test_answers_under_a_store_fault_are_the_documented_503s(tmp_path: Path) -> 
             await r.open_callback_case()
             r.store.close()
             statuses = []
-            for route in ROUTES:
+            for route in API_ROUTES:
                 path = openapi.openapi_path(route.path)
                 headers = {"Content-Type": "application/json"}
                 if route.auth != "anyone":
@@ -248,6 +258,6 @@ def test_answers_under_a_store_fault_are_the_documented_503s(tmp_path: Path) -> 
                 if got.status_code == 503:
                     assert int(got.headers["retry-after"]) > 0
                 statuses.append(got.status_code)
-            assert statuses.count(503) >= len(ROUTES) - 1  # /openapi.json needs no store
+            assert statuses.count(503) >= len(API_ROUTES) - 1  # /openapi.json needs no store
 
     asyncio.run(main())

@@ -42,11 +42,20 @@ _HEADERS: Final[Mapping[str, Schema]] = {
     "X-Content-Type-Options": {"description": "nosniff", "schema": {"type": "string"}},
     "Accept-Ranges": {"description": "bytes", "schema": {"type": "string"}},
     "Content-Range": {
-        "description": "The range given, and the size.",
+        "description": "The range given and the size: `bytes FIRST-LAST/SIZE`, or on a 416 "
+        "`bytes */SIZE`.",
         "schema": {"type": "string"},
     },
 }
 
+#: Headers a refusal of this status carries.
+_REFUSAL_HEADERS: Final[Mapping[int, tuple[str, ...]]] = {
+    401: ("WWW-Authenticate",),
+    416: ("Content-Range",),
+    503: ("Retry-After",),
+}
+
+#: Who may call, as security requirements: ``"reader"`` takes either secret.
 _SECURITY: Final[Mapping[Who, list[dict[str, list[str]]]]] = {
     "anyone": [],
     "admin": [{"admin": []}],
@@ -67,7 +76,7 @@ def status_of(kind: str) -> int:
 
 
 def _refusal(kinds: list[str], status: int) -> Schema:
-    named = ("WWW-Authenticate",) if status == 401 else ("Retry-After",) if status == 503 else ()
+    named = _REFUSAL_HEADERS.get(status, ())
     return {
         "description": f"Refused: {', '.join(kinds)} (the refusal body, docs/protocol.md §9.4).",
         **({"headers": _headers(named)} if named else {}),
@@ -206,14 +215,16 @@ def document() -> dict[str, Any]:
                 "admin": {
                     "type": "http",
                     "scheme": "bearer",
-                    "description": "The admin secret (server.admin_token_file).",
+                    "description": "The admin secret (server.admin_token_file): every "
+                    "route but the contract messages.",
                 },
                 "peer": {
                     "type": "http",
                     "scheme": "bearer",
                     "description": "A peer's secret (the token_file of its endpoint, master or "
-                    "webhook entry); it says who the peer is. On the read side, a master's "
-                    "secret reads its own types only.",
+                    "webhook entry); it says who the peer is. On the read side, a slave-role "
+                    "type's master reads with its own secret, its own types only; any other "
+                    "peer's secret there is 403 `forbidden`.",
                 },
             },
             "schemas": {**answer_schemas(), **contract_schemas()},

@@ -263,6 +263,7 @@ def answer_schemas() -> dict[str, Schema]:
         "Retried": _obj({"ok": _OK, "retried": {"type": "array", "items": _INT}}),
         "ItemChanged": _obj({"ok": _OK, "item": ref("QueueItem")}),
         "Message": _obj({"message": _MESSAGE}),
-        "Intakes": _obj({"intakes": {"type": "array", "items": _INTAKE}, "next": _NSTR}),
+        "Intakes": _obj({"intakes": {"type": "array", "items": _INTAKE}, "next": _STR}),
+        "Resent": _obj({"ok": _OK, "intake_ref": _STR, "id": _STR, "outbox_id": _INT}),
         "OpenApi": {"type": "object", "required": ["openapi"], "properties": {"openapi": _STR}},
     }
