@@ -11,76 +11,30 @@ participant through the relay, replying to the intake's mail.
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from support.integrator import MASTER_EXAMPLE, MODE_EXAMPLE, example, running
 
 from masd.testing import lmtpclient
 from masd.testing.config import DOMAIN, server_table, write_config
 from masd.testing.inbound import mx_mail
 from masd.testing.net import free_ports
 from masd.testing.peers import SmtpSink
-from masd.testing.process import ChildProcess, MasdProcess
+from masd.testing.process import MasdProcess
 from masd.testing.wait import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-DOC = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
 ALICE = "alice@example.com"
 
 
-def example(heading: str) -> str:
-    """The Python block of the section ``heading`` of docs/protocol.md."""
-    start = DOC.index(f"### {heading}\n")
-    ends = [i for i in (DOC.find("\n## ", start), DOC.find("\n### ", start + 4)) if i > 0]
-    section = DOC[start : min(ends, default=len(DOC))]
-    blocks = re.findall(r"^```python\n(.*?)^```$", section, re.M | re.S)
-    assert len(blocks) == 1, heading
-    return str(blocks[0])
-
-
-@pytest.mark.parametrize("heading", ["21.2 Writing a mode endpoint", "21.3 Writing a master"])
+@pytest.mark.parametrize("heading", [MODE_EXAMPLE, MASTER_EXAMPLE])
 def test_each_example_is_under_100_lines(heading: str) -> None:
     code = example(heading)
     assert len(code.splitlines()) < 100
     compile(code, heading, "exec")
-
-
-@asynccontextmanager
-async def running(
-    tmp_path: Path, code: str, env: dict[str, str], port: int
-) -> AsyncIterator[ChildProcess]:
-    """The example ``code`` as a child process, once it accepts connections on ``port``."""
-    script = tmp_path / "example.py"
-    script.write_text(code, encoding="utf-8")
-    child = ChildProcess(
-        [sys.executable, str(script)], log=tmp_path / "example.log", env={"PATH": "/usr/bin", **env}
-    )
-    child.spawn()
-    try:
-
-        async def listening() -> bool:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                assert child.running, child.log()
-                return False
-            writer.close()
-            return True
-
-        for _ in range(200):
-            if await listening():
-                break
-            await asyncio.sleep(0.05)
-        yield child
-    finally:
-        await child.stop()
 
 
 def _setup(tmp_path: Path, types: dict[str, Any], smtp_port: int) -> tuple[Path, int, int]:
@@ -133,7 +87,7 @@ def test_the_mode_endpoint_example_completes_a_handoff(tmp_path: Path) -> None:
             }
             async with (
                 MasdProcess(config, tmp_path / "masd.log") as masd,
-                running(tmp_path, example("21.2 Writing a mode endpoint"), env, mode_port) as mode,
+                running(tmp_path, example(MODE_EXAMPLE), env, mode_port) as mode,
             ):
                 await _mail(lmtp_port, "ticket!callback@help.example", "phone: +1 555 0100\n")
                 url = f"http://127.0.0.1:{http_port}/mas/v0.1/cases/ticket=gs-1@help.example"
@@ -178,7 +132,7 @@ def test_the_master_example_assigns_and_answers_an_intake(tmp_path: Path) -> Non
             }
             async with (
                 MasdProcess(config, tmp_path / "masd.log") as masd,
-                running(tmp_path, example("21.3 Writing a master"), env, master_port) as master,
+                running(tmp_path, example(MASTER_EXAMPLE), env, master_port) as master,
             ):
                 message_id = await _mail(lmtp_port, "case@help.example", "It jams on every page.\n")
                 (reply,) = await sink.wait_for(1, timeout=30)
