@@ -186,6 +186,8 @@ class ServerConfig:
     max_policy_connections: int = 100
     max_milter_connections: int = 100
     log_format: str = "text"  # or "json": one object a line
+    #: how long a permanently failed recipient is suppressed (docs/protocol.md §21)
+    suppress_for: float = 30 * 86400.0
 
 
 @dataclass(frozen=True)

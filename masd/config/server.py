@@ -37,6 +37,7 @@ _SERVER_KEYS: Final = frozenset(
         "recipient_delimiter",
         "max_message_bytes",
         "retry_for",
+        "suppress_for",
         "hostname",
         "max_lmtp_sessions",
         "max_http_connections",
@@ -72,6 +73,8 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
     limits = _limits(check, table)
     retry_text = check.get(table, PATH, "retry_for", str, "3d")
     retry_for = check.duration(join(PATH, "retry_for"), retry_text)
+    suppress_text = check.get(table, PATH, "suppress_for", str, "30d")
+    suppress_for = check.duration(join(PATH, "suppress_for"), suppress_text)
     domains_dir = check.get(table, PATH, "domains_dir", str, DEFAULT_DOMAINS_DIR)
     if not domains_dir:
         check.error(join(PATH, "domains_dir"), '"" is not a directory name')
@@ -105,6 +108,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         max_policy_connections=limits["max_policy_connections"],
         max_milter_connections=limits["max_milter_connections"],
         log_format=_log_format(check, table),
+        suppress_for=suppress_for,
     )
 
 

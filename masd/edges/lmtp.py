@@ -28,6 +28,7 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 from masd import service
 from masd.config import Config, Listen
 from masd.core.address import Address, parse_address
+from masd.core.bounce import split_bounce
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
 from masd.edges.accept import AcceptServer
@@ -43,6 +44,7 @@ from masd.edges.lmtp_replies import (
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
 from masd.service import Runtime, UnknownCase
+from masd.service.bounce_mail import tag_verifies
 from masd.service.trust_watch import TrustWatch
 from masd.store import Store, StoreError
 
@@ -190,8 +192,10 @@ class LmtpHandler:
 
     def parse(self, rcpt: str) -> Address:
         config = self.rt.config
+        delimiter = config.server.recipient_delimiter
+        split = split_bounce(rcpt, delimiter)
         return parse_address(
-            rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
+            split.address if split else rcpt, delimiter=delimiter, domains=config.domains
         )
 
     async def check_recipient(self, rcpt: str) -> tuple[ReplyCode, str]:
@@ -322,9 +326,12 @@ def check_address(config: Config, rcpt: str) -> tuple[ReplyCode, str, Address | 
     """
     if _undecodable(rcpt):
         return Replies.BAD_ADDRESS, f"address: {rcpt!r} is not UTF-8", None
+    delimiter = config.server.recipient_delimiter
+    # A bounce address is the case address with its tag (docs/protocol.md §21).
+    split = split_bounce(rcpt, delimiter)
     try:
         addr = parse_address(
-            rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
+            split.address if split else rcpt, delimiter=delimiter, domains=config.domains
         )
     except AddressError as exc:
         return address_refusal(exc), exc.detail, None
@@ -342,12 +349,21 @@ async def check_recipient(rt: Runtime, store: Store, rcpt: str) -> tuple[ReplyCo
     reply, text, addr = check_address(rt.config, rcpt)
     if reply is not Replies.RECIPIENT_OK or addr is None:
         return reply, text
+    split = split_bounce(rcpt, rt.config.server.recipient_delimiter)
+    if split is not None and addr.kind != "resource":
+        return Replies.UNKNOWN_CASE, "bounce address: names no case"
     if addr.kind == "resource":
         try:
-            exists = await store.read(lambda db: service.case_exists(db, addr.key))
+            if split is None:
+                exists = await store.read(lambda db: service.case_exists(db, addr.key))
+            else:
+                tag = split.tag
+                exists = await store.read(lambda db: tag_verifies(db, addr.key, tag))
         except Exception:
             log.exception("rcpt=%s key=%s store fault at RCPT", rcpt, addr.key)
             return Replies.FAULT, "store unavailable, try again later"
+        if not exists and split is not None:
+            return Replies.UNKNOWN_CASE, f"bounce address of {addr.canonical}: tag does not verify"
         if not exists:
             return Replies.UNKNOWN_CASE, f"id: no case {addr.canonical}"
     return Replies.RECIPIENT_OK, f"{addr.canonical} ok"

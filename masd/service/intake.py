@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
 
 from masd.core.address import Address
+from masd.core.bounce import BounceRecipient, split_bounce
 from masd.core.engine import CaseView, CreateCase, master_mail
 from masd.core.event import ParsedMail
 from masd.core.slave import slave_intake, slave_mail
+from masd.service import bounce_mail
 from masd.service.apply import Recorded, apply
 from masd.service.runtime import ALL_WAKES, NO_WAKES, Job, Runtime, UnknownCase, Wakes
 from masd.service.state import load_case, policy_of
@@ -71,11 +74,31 @@ def deliver(
     if seen is not None:
         return Delivered(seen.message_ref, seen.case_key, duplicate=True, wakes=NO_WAKES)
     job, copy = Job(rt, tx, now), _Mail(rcpt, mail, raw, sha256, dedupe)
+    split = split_bounce(ev.rcpt_to, rt.config.server.recipient_delimiter)
+    if split is not None:
+        return _to_bounce_address(job, copy, split)
     if rt.type_view(rcpt.domain, rcpt.type).role == "slave":
         if rcpt.kind == "intake":
             return _slave_intake(job, copy)
         return _slave_case_mail(job, copy)
     return _master(job, copy)
+
+
+def _to_bounce_address(job: Job, copy: _Mail, split: BounceRecipient) -> Delivered:
+    """docs/protocol.md §21: a bounce is recorded and marks its mail; other mail to a
+    bounce address is ordinary mail on the case, automated."""
+    case = _case(job, copy.rcpt)
+    outbox_id, report = bounce_mail.check(job, case, split, copy.raw)
+    if report is None:
+        parsed = bounce_mail.automated_as(copy.parsed, bounce_mail.NOT_A_BOUNCE)
+        copy = dataclasses.replace(copy, parsed=parsed)
+        if case.role == "slave":
+            return _slave_case_mail(job, copy)
+        return _master(job, copy)
+    copy.record(job, case.key)
+    effects = bounce_mail.receive(job, case, outbox_id, copy.parsed, report)
+    applied = apply(job, case, effects)
+    return Delivered(copy.parsed.event.message_ref, case.key, wakes=applied.wakes)
 
 
 def _case(job: Job, rcpt: Address) -> CaseView:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from masd.store.schema import Migration
 
-__all__ = ["INITIAL", "MIGRATIONS", "READ_SIDE"]
+__all__ = ["BOUNCES", "INITIAL", "MIGRATIONS", "READ_SIDE"]
 
 #: Migration 1, as released.
 INITIAL = """
@@ -225,7 +225,43 @@ CREATE TRIGGER outbox_sent_kept AFTER DELETE ON outbox FOR EACH ROW
     EXECUTE FUNCTION outbox_sent_kept();
 """
 
+#: Migration 3, as released: bounces (what SQLite's migration 3 builds): ``bounce_key``,
+#: ``bounces``, ``suppressions``, and ``thread.kind`` allowing ``mail.bounced``.
+BOUNCES = """
+CREATE TABLE bounce_key (
+    id         BIGINT PRIMARY KEY NOT NULL CHECK (id = 1),
+    secret     TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+
+CREATE TABLE bounces (
+    message_ref TEXT PRIMARY KEY NOT NULL,
+    outbox_id   BIGINT NOT NULL,
+    case_key    TEXT NOT NULL,
+    recipient   TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    diagnostic  TEXT,
+    remote_mta  TEXT,
+    permanent   BIGINT NOT NULL CHECK (permanent IN (0, 1)),
+    at          DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX bounces_outbox ON bounces (outbox_id);
+
+CREATE TABLE suppressions (
+    address     TEXT PRIMARY KEY NOT NULL,
+    until       DOUBLE PRECISION NOT NULL,
+    status      TEXT NOT NULL,
+    case_key    TEXT NOT NULL,
+    message_ref TEXT NOT NULL,
+    at          DOUBLE PRECISION NOT NULL
+);
+
+ALTER TABLE thread DROP CONSTRAINT thread_kind_check;
+ALTER TABLE thread ADD CONSTRAINT thread_kind_check CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status'));
+"""  # noqa: E501
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
+    Migration(3, "bounces", BOUNCES),
 )
