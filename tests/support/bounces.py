@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 from masd import service
 from masd.core.address import parse_address
-from masd.core.bounce import split_bounce
+from masd.core.bounce import bounce_address, make_tag, split_bounce
 from masd.core.event import build_event
 from masd.core.times import rfc3339
 from masd.core.trust import TrustSettings
-from masd.store import Store
+from masd.store import Store, bounces
 
 
 def postfix_dsn(
@@ -100,6 +100,12 @@ async def sent_mails(store: Store) -> list[SentMail]:
         data = json.loads(payload)
         out.append(SentMail(int(oid), str(data["mail_from"]), str(data["rcpt_to"])))
     return out
+
+
+async def bounce_address_of(store: Store, case: str, n: int = 1) -> str:
+    """The bounce address of mail ``n`` of ``case`` (canonical, lowercase): the store's key."""
+    key = await store.write(lambda db: bounces.key(db, 0.0))
+    return bounce_address(case, "+", make_tag(key, case, n))
 
 
 async def deliver_raw(
