@@ -126,3 +126,10 @@ async def deliver_raw(
     address = parse_address(split.address if split else rcpt, domains=list(config.domains))
     sha = hashlib.sha256(raw).hexdigest()
     return await store.write(lambda db: service.deliver(rt, db, address, mail, raw, sha, now))
+
+
+def bounce_case(mail_from: str, delimiter: str = "+") -> str:
+    """The case address a bounce address belongs to (the envelope sender of masd's mail)."""
+    split = split_bounce(mail_from, delimiter)
+    assert split is not None, f"{mail_from!r} is not a bounce address"
+    return split.address
