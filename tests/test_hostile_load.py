@@ -20,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from masd.testing.lmtpclient import LmtpConnection, deliver
 from support.hostile import (
     MILTER_NEGOTIATE,
     Hostile,
@@ -35,6 +34,7 @@ from support.hostile import (
 from support.masd_process import WAIT, MasdProcess, mx_mail
 
 from masd.edges.descriptors import MARGIN
+from masd.testing.lmtpclient import LmtpConnection, deliver
 from masd.testing.peers import FakePeer, Recorded, SmtpSink
 
 pytestmark = pytest.mark.fault

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from masd.testing.lmtpclient import deliver
 from support.hostile import (
     LINE,
     MILTER_NEGOTIATE,
@@ -34,6 +33,7 @@ from support.hostile import (
 )
 from support.masd_process import WAIT, MasdProcess, mx_mail
 
+from masd.testing.lmtpclient import deliver
 from masd.testing.peers import FakePeer, SmtpSink
 
 RCPT = "ticket!callback@help.example"
