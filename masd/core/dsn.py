@@ -29,6 +29,8 @@ from flufl.bounce import all_failures
 
 __all__ = ["BounceReport", "read_bounce"]
 
+#: How much of a mail is read: a bounce puts its report before the returned message.
+READ_BYTES: Final = 1024 * 1024
 MAX_DIAGNOSTIC: Final = 1000
 MAX_MTA: Final = 255
 MAX_RECIPIENT: Final = 320
@@ -160,8 +162,12 @@ def _is_report(msg: Message) -> bool:
 
 
 def read_bounce(raw: bytes) -> BounceReport | None:
-    """What a bounce reports, or None when ``raw`` is no bounce (or reports no failure)."""
-    msg = email.message_from_bytes(raw)
+    """What a bounce reports, or None when ``raw`` is no bounce (or reports no failure).
+
+    Only the first :data:`READ_BYTES` are read (a bounce's report comes before the message
+    it returns), so a large mail costs no more than a large bounce.
+    """
+    msg = email.message_from_bytes(raw[:READ_BYTES])
     if _is_report(msg):
         found = _from_report(msg)
         if found is not None:

@@ -43,7 +43,7 @@ from masd.edges.lmtp_replies import (
 )
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
-from masd.service import Runtime, UnknownCase
+from masd.service import Runtime, UnknownCase, bounce_mail
 from masd.service.bounce_mail import tag_verifies
 from masd.service.trust_watch import TrustWatch
 from masd.store import Store, StoreError
@@ -268,8 +268,9 @@ class LmtpHandler:
                     first.event, rcpt_to=rcpt, message_ref=new_message_ref(now)
                 )
                 mail = dataclasses.replace(first, event=event)
+            bounce = await self._read_bounce(rcpt, raw)
             done = await self.store.write(
-                lambda db: service.deliver(self.rt, db, addr, mail, raw, sha, now)
+                lambda db: service.deliver(self.rt, db, addr, mail, raw, sha, now, bounce)
             )
         except UnknownCase as exc:
             reply, text = Replies.UNKNOWN_CASE, exc.detail
@@ -304,6 +305,14 @@ class LmtpHandler:
             log.info("rcpt=%s refused at DATA reply=%s detail=%s", rcpt, reply.code, text)
         self.metrics.inc(METRIC, outcome=reply.outcome)
         return reply.line(text), None
+
+    async def _read_bounce(self, rcpt: str, raw: bytes) -> bounce_mail.Read | None:
+        """For a bounce address, the mail read as a bounce, off the store's writer thread."""
+        if split_bounce(rcpt, self.rt.config.server.recipient_delimiter) is None:
+            return None
+        if len(raw) >= THREAD_PARSE_BYTES:
+            return await asyncio.to_thread(bounce_mail.read, raw)
+        return bounce_mail.read(raw)
 
     @property
     def in_flight(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any, Final
 
 from masd.core.bounce import BounceRecipient, bounce_address, make_tag, own_mail_refusal
@@ -59,18 +60,30 @@ def automated_as(mail: ParsedMail, reason: str) -> ParsedMail:
     return dataclasses.replace(mail, event=event, automation=Automation(True, reason))
 
 
+@dataclass(frozen=True)
+class Read:
+    """What :func:`~masd.core.dsn.read_bounce` said of a mail, read before its store job
+    (the LMTP edge reads it off the writer thread); ``report`` None: no bounce."""
+
+    report: BounceReport | None
+
+
+def read(raw: bytes) -> Read:
+    return Read(read_bounce(raw))
+
+
 def check(
-    job: Job, case: CaseView, split: BounceRecipient, raw: bytes
+    job: Job, case: CaseView, split: BounceRecipient, raw: bytes, done: Read | None
 ) -> tuple[int, BounceReport | None]:
     """The outbox row bounce address ``split`` of ``case`` names, and what the mail
-    reports (None: it is no bounce).
+    reports (None: it is no bounce); ``done``: the mail already read, else it is read here.
 
     :class:`UnknownCase` (``550 5.1.1``) when the tag does not verify for the case.
     """
     outbox_id = verify(job.tx, case.key, split.tag)
     if outbox_id is None:
         raise UnknownCase(f"bounce address of {case.address}: the tag does not verify")
-    return outbox_id, read_bounce(raw)
+    return outbox_id, (done or read(raw)).report
 
 
 def receive(

@@ -65,9 +65,18 @@ class _Mail:
 
 
 def deliver(
-    rt: Runtime, tx: Tx, rcpt: Address, mail: ParsedMail, raw: bytes, sha256: str, now: float
+    rt: Runtime,
+    tx: Tx,
+    rcpt: Address,
+    mail: ParsedMail,
+    raw: bytes,
+    sha256: str,
+    now: float,
+    bounce: bounce_mail.Read | None = None,
 ) -> Delivered:
-    """Record one recipient's copy of a mail and everything it causes."""
+    """Record one recipient's copy of a mail and everything it causes.
+
+    ``bounce``: for a bounce address, the mail already read as a bounce (else read here)."""
     ev = mail.event
     dedupe = dedupe_key(ev.message_id, ev.rcpt_to, sha256)
     seen = messages.seen(tx, dedupe, since=now - DEDUPE_WINDOW)
@@ -76,7 +85,7 @@ def deliver(
     job, copy = Job(rt, tx, now), _Mail(rcpt, mail, raw, sha256, dedupe)
     split = split_bounce(ev.rcpt_to, rt.config.server.recipient_delimiter)
     if split is not None:
-        return _to_bounce_address(job, copy, split)
+        return _to_bounce_address(job, copy, split, bounce)
     if rt.type_view(rcpt.domain, rcpt.type).role == "slave":
         if rcpt.kind == "intake":
             return _slave_intake(job, copy)
@@ -84,11 +93,13 @@ def deliver(
     return _master(job, copy)
 
 
-def _to_bounce_address(job: Job, copy: _Mail, split: BounceRecipient) -> Delivered:
+def _to_bounce_address(
+    job: Job, copy: _Mail, split: BounceRecipient, done: bounce_mail.Read | None
+) -> Delivered:
     """docs/protocol.md §21: a bounce is recorded and marks its mail; other mail to a
     bounce address is ordinary mail on the case, automated."""
     case = _case(job, copy.rcpt)
-    outbox_id, report = bounce_mail.check(job, case, split, copy.raw)
+    outbox_id, report = bounce_mail.check(job, case, split, copy.raw, done)
     if report is None:
         parsed = bounce_mail.automated_as(copy.parsed, bounce_mail.NOT_A_BOUNCE)
         copy = dataclasses.replace(copy, parsed=parsed)
