@@ -18,7 +18,7 @@ from masd.core.bounce import (
     suppressed,
     verify_tag,
 )
-from masd.core.dsn import read_bounce
+from masd.core.dsn import READ_BYTES, read_bounce
 
 KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
@@ -207,3 +207,16 @@ def test_known_bounces_give_their_status(name: str, recipient: str, status: str)
     report = read_bounce((FLUFL_DATA / name).read_bytes())
     assert report is not None
     assert (report.recipient, report.status) == (recipient, status)
+
+
+def test_only_the_first_mib_is_read() -> None:
+    dsn = postfix_dsn("a+bounce-1-x@help.example", "bob@example.net")
+    head, end = dsn.rsplit(b"--\r\n", 1)
+    # The returned message, however long, follows the report: the report is still read.
+    padded = head.replace(b"Subject: Re: hello\r\n", b"Subject: Re: hello\r\n" + b"x" * 2_000_000)
+    report = read_bounce(padded + b"--\r\n" + end)
+    assert report is not None
+    assert report.status == "5.1.1"
+    # A report pushed past the first MiB is not looked for.
+    late = dsn.replace(b"This is a MIME-encapsulated message.", b"y" * (READ_BYTES + 10))
+    assert read_bounce(late) is None
