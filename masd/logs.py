@@ -213,8 +213,9 @@ def configure_logging(level: str = "INFO", log_format: str = "text") -> None:
     logging._srcfile = None  # the HOWTO's documented switch
     # aiosmtpd logs every LMTP command at INFO (about 8 lines per delivery,
     # a quarter of intake throughput) and httpx every request; masd logs one
-    # line per decision (the outbox's names the answer httpx would log).
-    for chatty in ("mail.log", "httpx"):
+    # line per decision (the outbox's names the answer httpx would log);
+    # flufl.bounce logs each of its 17 detectors it runs on a bounce.
+    for chatty in ("mail.log", "httpx", "flufl.bounce"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.root.level))
 
 

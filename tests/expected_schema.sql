@@ -1,3 +1,26 @@
+-- table bounce_key
+CREATE TABLE bounce_key (
+    id         INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
+    secret     TEXT NOT NULL,
+    created_at REAL NOT NULL
+) STRICT;
+
+-- table bounces
+CREATE TABLE bounces (
+    message_ref TEXT PRIMARY KEY NOT NULL,
+    outbox_id   INTEGER NOT NULL,
+    case_key    TEXT NOT NULL,
+    recipient   TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    diagnostic  TEXT,
+    remote_mta  TEXT,
+    permanent   INTEGER NOT NULL CHECK (permanent IN (0, 1)),
+    at          REAL NOT NULL
+) STRICT;
+
+-- index bounces_outbox
+CREATE INDEX bounces_outbox ON bounces (outbox_id);
+
 -- table cases
 CREATE TABLE cases (
     key         TEXT PRIMARY KEY NOT NULL,
@@ -175,12 +198,22 @@ CREATE TABLE statuses (
     PRIMARY KEY (handoff_id, n)
 ) STRICT;
 
+-- table suppressions
+CREATE TABLE suppressions (
+    address     TEXT PRIMARY KEY NOT NULL,
+    until       REAL NOT NULL,
+    status      TEXT NOT NULL,
+    case_key    TEXT NOT NULL,
+    message_ref TEXT NOT NULL,
+    at          REAL NOT NULL
+) STRICT;
+
 -- table thread
 CREATE TABLE thread (
     pos      INTEGER PRIMARY KEY,
     case_key TEXT NOT NULL REFERENCES cases (key),
     seq      INTEGER NOT NULL CHECK (seq >= 1),
-    kind     TEXT NOT NULL CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.in', 'mail.out', 'mail.refused', 'status')),
+    kind     TEXT NOT NULL CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status')),
     at       REAL NOT NULL,
     data     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
     UNIQUE (case_key, seq)

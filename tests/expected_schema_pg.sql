@@ -1,4 +1,16 @@
 -- columns
+bounce_key | id | bigint | NO | NULL | NO | NULL
+bounce_key | secret | text | NO | NULL | NO | NULL
+bounce_key | created_at | double precision | NO | NULL | NO | NULL
+bounces | message_ref | text | NO | NULL | NO | NULL
+bounces | outbox_id | bigint | NO | NULL | NO | NULL
+bounces | case_key | text | NO | NULL | NO | NULL
+bounces | recipient | text | NO | NULL | NO | NULL
+bounces | status | text | NO | NULL | NO | NULL
+bounces | diagnostic | text | YES | NULL | NO | NULL
+bounces | remote_mta | text | YES | NULL | NO | NULL
+bounces | permanent | bigint | NO | NULL | NO | NULL
+bounces | at | double precision | NO | NULL | NO | NULL
 cases | key | text | NO | NULL | NO | NULL
 cases | address | text | NO | NULL | NO | NULL
 cases | domain | text | NO | NULL | NO | NULL
@@ -86,6 +98,12 @@ statuses | status | text | NO | NULL | NO | NULL
 statuses | source | text | NO | NULL | NO | NULL
 statuses | data | text | NO | '{}'::text | NO | NULL
 statuses | at | double precision | NO | NULL | NO | NULL
+suppressions | address | text | NO | NULL | NO | NULL
+suppressions | until | double precision | NO | NULL | NO | NULL
+suppressions | status | text | NO | NULL | NO | NULL
+suppressions | case_key | text | NO | NULL | NO | NULL
+suppressions | message_ref | text | NO | NULL | NO | NULL
+suppressions | at | double precision | NO | NULL | NO | NULL
 thread | case_key | text | NO | NULL | NO | NULL
 thread | seq | bigint | NO | NULL | NO | NULL
 thread | kind | text | NO | NULL | NO | NULL
@@ -94,6 +112,10 @@ thread | data | text | NO | '{}'::text | NO | NULL
 thread | pos | bigint | NO | NULL | YES | BY DEFAULT
 
 -- constraints
+bounce_key | bounce_key_id_check | CHECK ((id = 1))
+bounce_key | bounce_key_pkey | PRIMARY KEY (id)
+bounces | bounces_permanent_check | CHECK ((permanent = ANY (ARRAY[(0)::bigint, (1)::bigint])))
+bounces | bounces_pkey | PRIMARY KEY (message_ref)
 cases | cases_address_key | UNIQUE (address)
 cases | cases_pkey | PRIMARY KEY (key)
 cases | cases_policy_check | CHECK (((policy IS NULL) OR ((policy)::json IS NOT NULL)))
@@ -131,14 +153,18 @@ statuses | statuses_n_check | CHECK ((n >= 1))
 statuses | statuses_pkey | PRIMARY KEY (handoff_id, n)
 statuses | statuses_source_check | CHECK ((source = ANY (ARRAY['email'::text, 'mode'::text, 'master'::text])))
 statuses | statuses_status_check | CHECK ((status = ANY (ARRAY['requested'::text, 'negotiating'::text, 'scheduled'::text, 'attempted'::text, 'running'::text, 'completed'::text, 'failed'::text, 'expired'::text, 'refused'::text, 'cancelled'::text, 'timed-out'::text])))
+suppressions | suppressions_pkey | PRIMARY KEY (address)
 thread | thread_case_key_fkey | FOREIGN KEY (case_key) REFERENCES cases(key)
 thread | thread_case_key_seq_key | UNIQUE (case_key, seq)
 thread | thread_data_check | CHECK (((data)::json IS NOT NULL))
-thread | thread_kind_check | CHECK ((kind = ANY (ARRAY['contract.in'::text, 'contract.out'::text, 'delivery.failed'::text, 'mail.in'::text, 'mail.out'::text, 'mail.refused'::text, 'status'::text])))
+thread | thread_kind_check | CHECK ((kind = ANY (ARRAY['contract.in'::text, 'contract.out'::text, 'delivery.failed'::text, 'mail.bounced'::text, 'mail.in'::text, 'mail.out'::text, 'mail.refused'::text, 'status'::text])))
 thread | thread_pkey | PRIMARY KEY (pos)
 thread | thread_seq_check | CHECK ((seq >= 1))
 
 -- indexes
+bounce_key | bounce_key_pkey | CREATE UNIQUE INDEX bounce_key_pkey ON public.bounce_key USING btree (id)
+bounces | bounces_outbox | CREATE INDEX bounces_outbox ON public.bounces USING btree (outbox_id)
+bounces | bounces_pkey | CREATE UNIQUE INDEX bounces_pkey ON public.bounces USING btree (message_ref)
 cases | cases_address_key | CREATE UNIQUE INDEX cases_address_key ON public.cases USING btree (address)
 cases | cases_domain_type | CREATE INDEX cases_domain_type ON public.cases USING btree (domain, type)
 cases | cases_pkey | CREATE UNIQUE INDEX cases_pkey ON public.cases USING btree (key)
@@ -165,6 +191,7 @@ outbox_sent | outbox_sent_pkey | CREATE UNIQUE INDEX outbox_sent_pkey ON public.
 send_log | send_log_pkey | CREATE UNIQUE INDEX send_log_pkey ON public.send_log USING btree (id)
 send_log | send_log_recipient | CREATE INDEX send_log_recipient ON public.send_log USING btree (recipient, at)
 statuses | statuses_pkey | CREATE UNIQUE INDEX statuses_pkey ON public.statuses USING btree (handoff_id, n)
+suppressions | suppressions_pkey | CREATE UNIQUE INDEX suppressions_pkey ON public.suppressions USING btree (address)
 thread | thread_case_key_seq_key | CREATE UNIQUE INDEX thread_case_key_seq_key ON public.thread USING btree (case_key, seq)
 thread | thread_pkey | CREATE UNIQUE INDEX thread_pkey ON public.thread USING btree (pos)
 

@@ -57,6 +57,11 @@ READS_CONFIG = {
     "masd queue retry",
     "masd queue drop",
     "masd explain",
+    "masd message show",
+    "masd intake list",
+    "masd intake resend",
+    "masd suppress list",
+    "masd suppress drop",
 }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from support.bounces import deliver_raw, postfix_dsn, sent_mails
 from support.http import CALLBACK, Running, deliver, serving, status_message
 from support.postgres import Database, postgres, postgres_server  # noqa: F401
 
@@ -32,6 +33,9 @@ def fill(tmp_path: Path) -> Path:
                     await _post(r, status_message(key, hid, seq, status))
             await deliver(r.store, r.rt, "case@help.example", r.clock.now())
             await deliver(r.store, r.rt, "ticket@help.example", r.clock.now(), body="é ü\x00")
+            ack = (await sent_mails(r.store))[-1]  # and the acknowledgement bounced
+            dsn = postfix_dsn(ack.mail_from, ack.rcpt_to)
+            await deliver_raw(r.store, r.rt, ack.mail_from, dsn, r.clock.now())
 
     asyncio.run(run())
     database = tmp_path / "masd.db"
@@ -96,8 +100,9 @@ def test_a_store_goes_to_postgresql_and_back_whole(
 
     there = copy(str(source), postgres.uri, "--password-file", str(password_file))
     assert there.exit_code == 0, there.output
+    width = max(map(len, TABLES))
     for table in TABLES:
-        assert f"{table:<11}  {counts[table]}" in there.output.splitlines(), there.output
+        assert f"{table:<{width}}  {counts[table]}" in there.output.splitlines(), there.output
     assert f"copied {sum(counts.values())} rows" in there.output
     for table in TABLES:
         columns = sqlite_columns(source, table)
@@ -219,7 +224,7 @@ def test_db_migrate_on_postgresql_and_backup_refused(
     runner = CliRunner()
     first = runner.invoke(main, ["db", "migrate", "--config", str(config)])
     assert first.exit_code == 0, first.output
-    assert first.output.strip() == "applied: initial, read-side, raw-last"
+    assert first.output.strip() == "applied: initial, read-side, raw-last, bounces"
     second = runner.invoke(main, ["db", "migrate", "--config", str(config)])
     assert second.output.strip() == "up to date"
     backup = runner.invoke(main, ["db", "backup", "--config", str(config), str(tmp_path / "b.db")])

@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 import pytest
+from support.bounces import bounce_case
 from support.dmarc import DkimKey, DmarcChain, dkim_key, dkim_sign, require_dmarc
 from support.dmarc import shipped as shipped_dmarc
 from support.masd_process import AUTHSERV_ID, DOMAIN, MasdProcess, write_secret
@@ -363,7 +364,7 @@ def test_masd_acknowledgement_passes_opendkim_on_its_way_out(tmp_path: Path) -> 
             assert await d.send_from(CUSTOMER_MTA, ANN, [to], data) == {}
 
             (ack,) = await d.sink.wait_for(1, WAIT)
-            assert ack.mail_from == "ticket=ticket-1@help.example"
+            assert bounce_case(ack.mail_from) == "ticket=ticket-1@help.example"
             assert ack.message["DKIM-Signature"] is not None
             results = auth_results(ack.message.as_bytes())
             # The verifier's result on masd's mail, leaving through Postfix.

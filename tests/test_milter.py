@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.bounces import bounce_address_of
 from support.http import open_case_through
 from support.masd_process import free_port
 from support.system import require_program
@@ -168,6 +169,25 @@ def test_recipient_answers_are_the_lmtp_edge_answers(tmp_path: Path) -> None:
                     b"550 5.1.1 type: no type 'nosuch' at help.example\0",
                 )
             assert r.metrics.value(METRIC, stage="rcpt", outcome="unknown-case") == 1
+
+    asyncio.run(main())
+
+
+def test_a_bounce_address_needs_a_tag_that_verifies(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r:
+            case = await r.open_case()
+            ack = await bounce_address_of(r.store, case)
+            local, _, domain = case.partition("@")
+            async with r.mta() as mta:
+                await mta.start()
+                assert await mta.ask(b"M", b"<>") == (b"c", b"")
+                assert await mta.ask(b"R", f"<{ack}>".encode()) == (b"c", b"")
+                forged = f"<{local}+bounce-1-aaaaaaaaaaaaaaaa@{domain}>".encode()
+                assert await mta.ask(b"R", forged) == (
+                    b"y",
+                    f"550 5.1.1 bounce address of {case}: tag does not verify\0".encode(),
+                )
 
     asyncio.run(main())
 

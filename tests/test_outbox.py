@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.bounces import bounce_case
 from support.outbox import (
     CALLBACK_PEER,
     CALLBACK_TOKEN,
@@ -75,7 +76,7 @@ def test_handoff_request_and_acknowledgement_go_out(tmp_path: Path) -> None:
         [handoff] = await query(env, "SELECT handoff_id FROM handoffs")
         assert msg["handoff_id"] == handoff["handoff_id"]
 
-        assert mail.mail_from == CASE
+        assert bounce_case(mail.mail_from) == CASE  # its bounce address (protocol §22)
         assert mail.rcpt_tos == ("alice@example.com",)
         m = mail.message
         assert m["From"] == CASE
@@ -393,7 +394,7 @@ def test_outbox_hands_mail_to_its_transport(tmp_path: Path) -> None:
         finally:
             await outbox.stop()
         assert mail.domain == "help.example"
-        assert mail.mail_from == CASE
+        assert bounce_case(mail.mail_from) == CASE  # its bounce address (protocol §22)
         assert b"Auto-Submitted: auto-replied" in mail.message
         assert transport.closed
         assert env.sink.messages == []

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.bounces import bounce_case
 from support.outbox import Env, deliver, eventually, inbound, query, run_env
 
 from masd.edges.context import EdgeContext
@@ -50,7 +51,7 @@ class Arrivals:
             mails = await env.sink.wait_for(seen + 1, timeout=3600)
             now = time.monotonic()
             for mail in mails[seen:]:
-                self.mail.setdefault(mail.mail_from, now)
+                self.mail.setdefault(bounce_case(mail.mail_from), now)  # its case
             seen = len(mails)
 
     def delays(self, arrived: dict[str, float], keys: list[str]) -> list[float]:

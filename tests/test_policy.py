@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.bounces import bounce_address_of
 from support.http import open_case_through
 from support.masd_process import free_port
 from support.ticket import write_ticket_config
@@ -479,5 +480,24 @@ def test_app_runs_the_policy_listener_when_configured(tmp_path: Path) -> None:
             assert listening.policy is None
         finally:
             await app.stop()
+
+    asyncio.run(main())
+
+
+def test_bounce_addresses_are_checked_by_their_tag(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(tmp_path) as r, r.client() as client:
+            case = await r.open_case()
+            ack = await bounce_address_of(r.store, case)
+            local, _, domain = case.partition("@")
+            assert ack.startswith(f"{local}+bounce-")
+            assert await client.ask(request(ack)) == "DUNNO"
+            assert await client.ask(request(ack.upper())) == "DUNNO"
+            for forged in (
+                f"{local}+bounce-1-aaaaaaaaaaaaaaaa@{domain}",
+                f"{local}+bounce-@{domain}",
+            ):
+                answer = await client.ask(request(forged))
+                assert answer == f"REJECT 5.1.1 bounce address of {case}: tag does not verify"
 
     asyncio.run(main())

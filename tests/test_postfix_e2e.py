@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from support.bounces import bounce_case
 from support.masd_process import DOMAIN, ROOT, MasdProcess, free_port, write_secret
 from support.postfix import MYHOSTNAME, PostfixInstance, require_postfix
 
@@ -273,7 +274,7 @@ def test_smtp_mail_becomes_a_case_and_the_reply_leaves_through_postfix(tmp_path:
             # The acknowledgement: masd -> Postfix (smtp_relay) -> relayhost (the sink).
             (ack,) = await d.sink.wait_for(1, WAIT)
             assert ack.rcpt_tos == (ANN,)
-            assert ack.mail_from == "ticket=ticket-1@help.example"
+            assert bounce_case(ack.mail_from) == "ticket=ticket-1@help.example"
             assert ack.message["In-Reply-To"] == message_id
             received = ack.message.get_all("Received") or []
             assert any(f"by {MYHOSTNAME} (Postfix)" in str(r) for r in received), received

@@ -35,6 +35,7 @@ RELEASED = {
     1: "7cb04cc0e7703da54367b2833a8002870b94b341be123a119e9b8f63193467a1",
     2: "876c6b05b66740f097896d66e20d05da3c59ec1209bbc84c020e35b3da987b31",
     3: "1bcedcdf8b0b19a6a9ff731c45a15cb4a54d10433423e0c2f82e6e2cb06efc49",
+    4: "f3bcdc266d3a32aaedf0d6e382e47ce10e5b19bacb927a883fbb43390fe8c79d",
 }
 
 _CHECK_IN = re.compile(r"CHECK \((\w+) IN \(([^)]*)\)\)")

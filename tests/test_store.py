@@ -40,6 +40,9 @@ TABLES = {
     "outbox_sent",
     "idempotency",
     "send_log",
+    "bounce_key",
+    "bounces",
+    "suppressions",
     "masd_migrations",
 }
 

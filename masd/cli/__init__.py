@@ -14,6 +14,7 @@ from masd.cli.common import load as _load
 from masd.cli.db import backup_database, db_copy, migrate_database
 from masd.cli.mail import intake, message
 from masd.cli.reload import PID_FILE, reload
+from masd.cli.suppress import suppress
 from masd.cli.watch import case, explain, queue, tail
 from masd.config import format_summary
 from masd.conformance.peer.command import peer
@@ -311,5 +312,5 @@ def conformance_coverage(flows_dir: Path | None) -> None:
 conformance.add_command(peer)  # masd conformance peer mode|master (masd/conformance/peer)
 
 # The operator's view (docs/operations.md, "Watching masd").
-for _command in (case, message, intake, tail, queue, explain, reload):
+for _command in (case, message, intake, tail, queue, explain, reload, suppress):
     main.add_command(_command)

@@ -120,9 +120,19 @@ def intake() -> None:
 @intake.command("list")
 @CONFIG
 @click.option(
-    "--state", type=click.Choice(["pending", "assigned"]), default="pending", show_default=True
+    "--state",
+    type=click.Choice(["pending", "assigned"]),
+    default="pending",
+    show_default=True,
+    help="Waiting for case.assign, or already assigned.",
 )
-@click.option("--limit", type=click.IntRange(1, None), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, None),
+    default=100,
+    show_default=True,
+    help="At most this many intakes.",
+)
 @click.option("--after", default=None, metavar="CURSOR", help="The page after this cursor.")
 @click.option("--json", "as_json", is_flag=True, help="As GET /mas/v0.1/intakes.")
 def intake_list(

@@ -84,6 +84,13 @@ def _essentials(e: Mapping[str, Any]) -> list[str]:
         if e.get("handoff_id"):
             parts.append(f"handoff {_short(e['handoff_id'])}")
         return parts
+    if kind == "mail.bounced":
+        parts = [f"to {_clean(e.get('recipient'))}", _clean(e.get("status"))]
+        parts.append("permanent" if e.get("permanent") else "delayed")
+        if e.get("mail_seq") is not None:
+            parts.append(f"mail_seq={e['mail_seq']}")
+        diagnostic = [_q(e["diagnostic"])] if e.get("diagnostic") else []
+        return parts + _pairs(e, ("remote_mta",)) + diagnostic
     if kind == "delivery.failed":
         parts = [_clean(e.get("type") or e.get("delivery_kind") or "")]
         if e.get("id"):
@@ -108,6 +115,8 @@ def format_delivery(d: Mapping[str, Any]) -> str:
     text = ", ".join(parts)
     if d.get("last_error"):
         text += f": {_q(d['last_error'], 120)}"
+    if d.get("status"):  # bounced
+        text += f": {_clean(d['status'])} {_q(d.get('diagnostic') or '', 120)}"
     return f"[{text}]"
 
 

@@ -194,6 +194,8 @@ class ServerConfig:
     console: bool = False
     #: Seconds masd waits for a peer's answer to a contract message (then: retried).
     peer_timeout: float = 10.0
+    #: how long a permanently failed recipient is suppressed (docs/protocol.md §22)
+    suppress_for: float = 30 * 86400.0
 
 
 @dataclass(frozen=True)

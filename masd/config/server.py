@@ -38,6 +38,7 @@ _SERVER_KEYS: Final = frozenset(
         "max_message_bytes",
         "retry_for",
         "peer_timeout",
+        "suppress_for",
         "hostname",
         "max_lmtp_sessions",
         "max_http_connections",
@@ -114,11 +115,17 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         max_milter_connections=limits["max_milter_connections"],
         log_format=_log_format(check, table),
         console=console,
+        suppress_for=durations["suppress_for"],
     )
 
 
 #: The server's durations and their defaults.
-_DURATIONS: Final = {"retry_for": "3d", "claim_timeout": "30s", "peer_timeout": "10s"}
+_DURATIONS: Final = {
+    "retry_for": "3d",
+    "claim_timeout": "30s",
+    "peer_timeout": "10s",
+    "suppress_for": "30d",
+}
 
 
 def _durations(check: Checker, table: dict[str, Any]) -> dict[str, float]:

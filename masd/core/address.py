@@ -41,6 +41,8 @@ file ``conformance/addresses.json`` pins each of them with an example):
   suffix.  As with Postfix's ``recipient_delimiter``, each character of the
   delimiter string is a delimiter; the first occurrence of any of them starts
   the suffix.  An empty delimiter disables suffixes.
+* A suffix that starts with ``bounce-`` makes a bounce address; the edges
+  read it first (:func:`masd.core.bounce.split_bounce`) and parse the rest.
 * Positions in details are 0-based offsets into the local part as received
   (or into the domain as written, for the domain).
 * Domains: lowercase; U-labels are converted to A-labels with the standard

@@ -28,6 +28,7 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 from masd import service
 from masd.config import Config, Listen
 from masd.core.address import Address, parse_address
+from masd.core.bounce import split_bounce
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
 from masd.edges.accept import AcceptServer
@@ -43,7 +44,8 @@ from masd.edges.lmtp_replies import (
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
 from masd.logs import shown
-from masd.service import Runtime, UnknownCase
+from masd.service import Runtime, UnknownCase, bounce_mail
+from masd.service.bounce_mail import tag_verifies
 from masd.service.trust_watch import TrustWatch
 from masd.store import StoreError, StoreHandle
 
@@ -191,8 +193,10 @@ class LmtpHandler:
 
     def parse(self, rcpt: str) -> Address:
         config = self.rt.config
+        delimiter = config.server.recipient_delimiter
+        split = split_bounce(rcpt, delimiter)
         return parse_address(
-            rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
+            split.address if split else rcpt, delimiter=delimiter, domains=config.domains
         )
 
     async def check_recipient(self, rcpt: str) -> tuple[ReplyCode, str]:
@@ -265,8 +269,9 @@ class LmtpHandler:
                     first.event, rcpt_to=rcpt, message_ref=new_message_ref(now)
                 )
                 mail = dataclasses.replace(first, event=event)
+            bounce = await self._read_bounce(rcpt, raw)
             done = await self.store.write(
-                lambda db: service.deliver(self.rt, db, addr, mail, raw, sha, now)
+                lambda db: service.deliver(self.rt, db, addr, mail, raw, sha, now, bounce)
             )
         except UnknownCase as exc:
             reply, text = Replies.UNKNOWN_CASE, exc.detail
@@ -303,6 +308,14 @@ class LmtpHandler:
         self.metrics.inc(METRIC, outcome=reply.outcome)
         return reply.line(text), None
 
+    async def _read_bounce(self, rcpt: str, raw: bytes) -> bounce_mail.Read | None:
+        """For a bounce address, the mail read as a bounce, off the store's writer thread."""
+        if split_bounce(rcpt, self.rt.config.server.recipient_delimiter) is None:
+            return None
+        if len(raw) >= THREAD_PARSE_BYTES:
+            return await asyncio.to_thread(bounce_mail.read, raw)
+        return bounce_mail.read(raw)
+
     @property
     def in_flight(self) -> int:
         """Messages being recorded right now (their sessions may be gone)."""
@@ -324,9 +337,12 @@ def check_address(config: Config, rcpt: str) -> tuple[ReplyCode, str, Address | 
     """
     if _undecodable(rcpt):
         return Replies.BAD_ADDRESS, f"address: {rcpt!r} is not UTF-8", None
+    delimiter = config.server.recipient_delimiter
+    # A bounce address is the case address with its tag (docs/protocol.md §22).
+    split = split_bounce(rcpt, delimiter)
     try:
         addr = parse_address(
-            rcpt, delimiter=config.server.recipient_delimiter, domains=config.domains
+            split.address if split else rcpt, delimiter=delimiter, domains=config.domains
         )
     except AddressError as exc:
         return address_refusal(exc), exc.detail, None
@@ -344,12 +360,21 @@ async def check_recipient(rt: Runtime, store: StoreHandle, rcpt: str) -> tuple[R
     reply, text, addr = check_address(rt.config, rcpt)
     if reply is not Replies.RECIPIENT_OK or addr is None:
         return reply, text
+    split = split_bounce(rcpt, rt.config.server.recipient_delimiter)
+    if split is not None and addr.kind != "resource":
+        return Replies.UNKNOWN_CASE, "bounce address: names no case"
     if addr.kind == "resource":
         try:
-            exists = await store.read(lambda db: service.case_exists(db, addr.key))
+            if split is None:
+                exists = await store.read(lambda db: service.case_exists(db, addr.key))
+            else:
+                tag = split.tag
+                exists = await store.read(lambda db: tag_verifies(db, addr.key, tag))
         except Exception:
             log.exception("rcpt=%s key=%s store fault at RCPT", rcpt, addr.key)
             return Replies.FAULT, "store unavailable, try again later"
+        if not exists and split is not None:
+            return Replies.UNKNOWN_CASE, f"bounce address of {addr.canonical}: tag does not verify"
         if not exists:
             return Replies.UNKNOWN_CASE, f"id: no case {addr.canonical}"
     return Replies.RECIPIENT_OK, f"{addr.canonical} ok"

@@ -134,8 +134,14 @@ def delivery_json(d: Delivery) -> dict[str, Any]:
 
     A pending row is ``queued`` until its first try, then ``retrying``; a
     delivered one ``sent`` (also once housekeeping removed it); one given up,
-    withdrawn at a deadline or dropped by the operator ``failed``.
+    withdrawn at a deadline or dropped by the operator ``failed``; a mail a
+    permanent bounce reported ``bounced``, with its status (docs/protocol.md §22).
     """
+    if d.bounce is not None:
+        status, diagnostic, remote_mta = d.bounce
+        out = _delivery("bounced", d.attempts, d.last_error, None, d.done_at)
+        out.update(status=status, diagnostic=diagnostic, remote_mta=remote_mta)
+        return out
     if d.state == "pending":
         state = "queued" if not d.attempts else "retrying"
         return _delivery(state, d.attempts, d.last_error, d.next_attempt_at, None)

@@ -32,6 +32,7 @@ from masd.core.event import GatewayEvent
 from masd.core.principle10 import CAP_WINDOW_SECONDS, Caps, Counts, Recipient, decide_send
 from masd.core.status import MACHINE
 from masd.logs import shown
+from masd.service import bounce_mail
 from masd.service.runtime import NO_WAKES, Job, Wakes
 from masd.store import Tx, append_thread, cases, handoffs, messages, outbox
 
@@ -318,6 +319,8 @@ def _send_mail(ap: _Applying, s: SendMail) -> str | None:
     original = _recipient(ap.tx, ap.case, s.reply_to, ap.recorded)
     recipient = original.recipient if original is not None else None
     refusal = _refusal(ap, recipient)
+    if refusal is None and recipient is not None:
+        refusal = bounce_mail.suppression(ap.tx, s.purpose, recipient.address, ap.now)
     if refusal is not None or original is None or recipient is None:
         ap.thread(
             "mail.refused",
@@ -362,6 +365,7 @@ def _queue_mail(ap: _Applying, s: SendMail, original: _Original) -> None:
         "message": raw.decode("utf-8"),
     }
     outbox_id = ap.queue(outbox.NewRow("mail", f"{case.key}|smtp", "smtp", case.key, None, payload))
+    bounce_mail.give_envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now)
     cases.count_send(ap.tx, case.key, to.lower(), ap.now)
     ap.thread(
         "mail.out",

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
 
 from masd.core.address import Address
+from masd.core.bounce import BounceRecipient, split_bounce
 from masd.core.engine import CaseView, CreateCase, master_mail
 from masd.core.event import ParsedMail
 from masd.core.slave import slave_intake, slave_mail
+from masd.service import bounce_mail
 from masd.service.apply import Recorded, apply
 from masd.service.runtime import ALL_WAKES, NO_WAKES, Job, Runtime, UnknownCase, Wakes
 from masd.service.state import load_case, policy_of
@@ -63,20 +66,51 @@ class _Mail:
 
 
 def deliver(
-    rt: Runtime, tx: Tx, rcpt: Address, mail: ParsedMail, raw: bytes, sha256: str, now: float
+    rt: Runtime,
+    tx: Tx,
+    rcpt: Address,
+    mail: ParsedMail,
+    raw: bytes,
+    sha256: str,
+    now: float,
+    bounce: bounce_mail.Read | None = None,
 ) -> Delivered:
-    """Record one recipient's copy of a mail and everything it causes."""
+    """Record one recipient's copy of a mail and everything it causes.
+
+    ``bounce``: for a bounce address, the mail already read as a bounce (else read here)."""
     ev = mail.event
     dedupe = dedupe_key(ev.message_id, ev.rcpt_to, sha256)
     seen = messages.seen(tx, dedupe, since=now - DEDUPE_WINDOW)
     if seen is not None:
         return Delivered(seen.message_ref, seen.case_key, duplicate=True, wakes=NO_WAKES)
     job, copy = Job(rt, tx, now), _Mail(rcpt, mail, raw, sha256, dedupe)
+    split = split_bounce(ev.rcpt_to, rt.config.server.recipient_delimiter)
+    if split is not None:
+        return _to_bounce_address(job, copy, split, bounce)
     if rt.type_view(rcpt.domain, rcpt.type).role == "slave":
         if rcpt.kind == "intake":
             return _slave_intake(job, copy)
         return _slave_case_mail(job, copy)
     return _master(job, copy)
+
+
+def _to_bounce_address(
+    job: Job, copy: _Mail, split: BounceRecipient, done: bounce_mail.Read | None
+) -> Delivered:
+    """docs/protocol.md §22: a bounce is recorded and marks its mail; other mail to a
+    bounce address is ordinary mail on the case, automated."""
+    case = _case(job, copy.rcpt)
+    outbox_id, report = bounce_mail.check(job, case, split, copy.raw, done)
+    if report is None:
+        parsed = bounce_mail.automated_as(copy.parsed, bounce_mail.NOT_A_BOUNCE)
+        copy = dataclasses.replace(copy, parsed=parsed)
+        if case.role == "slave":
+            return _slave_case_mail(job, copy)
+        return _master(job, copy)
+    copy.record(job, case.key)
+    effects = bounce_mail.receive(job, case, outbox_id, copy.parsed, report)
+    applied = apply(job, case, effects)
+    return Delivered(copy.parsed.event.message_ref, case.key, wakes=applied.wakes)
 
 
 def _case(job: Job, rcpt: Address) -> CaseView:

@@ -11,6 +11,7 @@ passes to the functions of one module per aggregate:
 - :mod:`~masd.store.handoffs`: handoffs, statuses, deadlines;
 - :mod:`~masd.store.outbox`: what waits to go out;
 - :mod:`~masd.store.idempotency`: answers kept per (peer, id);
+- :mod:`~masd.store.bounces`: the bounce secret, bounces received, suppressed addresses;
 - :mod:`~masd.store.purge`, :mod:`~masd.store.gauges`, :mod:`~masd.store.reads`,
   :mod:`~masd.store.entries`, :mod:`~masd.store.message_reads`: housekeeping, ``/metrics``
   and the read side (a mail's bytes by range, the intakes, what one master may list);

@@ -47,6 +47,9 @@ TABLES: Final = (
     "outbox_sent",
     "idempotency",
     "send_log",
+    "bounce_key",
+    "bounces",
+    "suppressions",
 )
 #: Each table whose ids a counter gives: its id column, and the tables holding its ids.
 COUNTERS: Final = {

@@ -36,6 +36,8 @@ class Delivery:
     last_error: str | None = None
     next_attempt_at: float | None = None
     done_at: float | None = None
+    #: a mail's permanent bounce: (status, diagnostic, remote MTA), else None
+    bounce: tuple[str, str | None, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -58,25 +60,30 @@ def _entries(d: Dialect) -> str:
     return (
         "SELECT t.pos, t.case_key, c.address, t.seq, t.kind, t.at, t.data, "  # noqa: S608 - dialect words only
         "o.state, o.attempts, o.last_error, o.next_attempt_at, o.done_at, "
-        "s.attempts, s.done_at FROM thread t JOIN cases c ON c.key = t.case_key "
+        "s.attempts, s.done_at, b.status, b.diagnostic, b.remote_mta "
+        "FROM thread t JOIN cases c ON c.key = t.case_key "
         "LEFT JOIN outbox o ON t.kind IN ('mail.out', 'contract.out') "
         f"AND o.id = {outbox_id} "
         "LEFT JOIN outbox_sent s ON t.kind IN ('mail.out', 'contract.out') "
         f"AND s.id = {outbox_id} "
+        "LEFT JOIN bounces b ON t.kind = 'mail.out' AND b.message_ref = "
+        "(SELECT MIN(x.message_ref) FROM bounces x "
+        f"WHERE x.outbox_id = {outbox_id} AND x.permanent = 1) "
     )
 
 
 def _entry(row: tuple[Any, ...]) -> EntryRow:
     pos, key, address, seq, kind, at, data = row[:7]
-    state, attempts, error, next_at, done_at, kept_attempts, kept_done_at = row[7:]
+    state, attempts, error, next_at, done_at, kept_attempts, kept_done_at = row[7:14]
+    bounce = None if row[14] is None else (str(row[14]), row[15], row[16])
     delivery: Delivery | None = None
     if kind in ("mail.out", "contract.out"):
         if state is not None:
-            delivery = Delivery(str(state), int(attempts), error, next_at, done_at)
+            delivery = Delivery(str(state), int(attempts), error, next_at, done_at, bounce)
         elif kept_attempts is not None:
-            delivery = Delivery("kept", int(kept_attempts), None, None, kept_done_at)
+            delivery = Delivery("kept", int(kept_attempts), None, None, kept_done_at, bounce)
         else:
-            delivery = Delivery("unknown")
+            delivery = Delivery("unknown", bounce=bounce)
     return EntryRow(
         int(pos), str(key), str(address), int(seq), str(kind), float(at), str(data), delivery
     )

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from masd.store.schema import Migration
 
-__all__ = ["INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
+__all__ = ["BOUNCES", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
 
 #: Migration 1, as released.
 INITIAL = """
@@ -232,8 +232,45 @@ CREATE TRIGGER outbox_sent_kept AFTER DELETE ON outbox FOR EACH ROW
 #: recorded all the same, so that a store's version means the same on either kind.
 RAW_LAST = "SELECT 1"
 
+
+#: Migration 4, as released: bounces (what SQLite's migration 4 builds): ``bounce_key``,
+#: ``bounces``, ``suppressions``, and ``thread.kind`` allowing ``mail.bounced``.
+BOUNCES = """
+CREATE TABLE bounce_key (
+    id         BIGINT PRIMARY KEY NOT NULL CHECK (id = 1),
+    secret     TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+
+CREATE TABLE bounces (
+    message_ref TEXT PRIMARY KEY NOT NULL,
+    outbox_id   BIGINT NOT NULL,
+    case_key    TEXT NOT NULL,
+    recipient   TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    diagnostic  TEXT,
+    remote_mta  TEXT,
+    permanent   BIGINT NOT NULL CHECK (permanent IN (0, 1)),
+    at          DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX bounces_outbox ON bounces (outbox_id);
+
+CREATE TABLE suppressions (
+    address     TEXT PRIMARY KEY NOT NULL,
+    until       DOUBLE PRECISION NOT NULL,
+    status      TEXT NOT NULL,
+    case_key    TEXT NOT NULL,
+    message_ref TEXT NOT NULL,
+    at          DOUBLE PRECISION NOT NULL
+);
+
+ALTER TABLE thread DROP CONSTRAINT thread_kind_check;
+ALTER TABLE thread ADD CONSTRAINT thread_kind_check CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status'));
+"""  # noqa: E501
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
     Migration(3, "raw-last", RAW_LAST),
+    Migration(4, "bounces", BOUNCES),
 )

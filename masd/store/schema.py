@@ -288,8 +288,66 @@ CREATE INDEX messages_case ON messages (case_key, received_at);
 CREATE INDEX messages_intake ON messages (intake_ref) WHERE intake_ref IS NOT NULL;
 """
 
+
+#: Migration 4, as released: bounces (docs/protocol.md §22).
+#:
+#: - ``bounce_key``: the one secret bounce tags are made under.
+#: - ``bounces``: each bounce recorded, by the message that carried it, naming the
+#:   outbound mail (``outbox_id``) it reports on.
+#: - ``suppressions``: permanently failed recipients, until when masd's own mails
+#:   to them are refused.
+#: - ``thread.kind`` also allows ``mail.bounced``: the table is built anew (SQLite
+#:   cannot change a CHECK), each entry at its position.
+BOUNCES = """
+CREATE TABLE bounce_key (
+    id         INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
+    secret     TEXT NOT NULL,
+    created_at REAL NOT NULL
+) STRICT;
+
+CREATE TABLE bounces (
+    message_ref TEXT PRIMARY KEY NOT NULL,
+    outbox_id   INTEGER NOT NULL,
+    case_key    TEXT NOT NULL,
+    recipient   TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    diagnostic  TEXT,
+    remote_mta  TEXT,
+    permanent   INTEGER NOT NULL CHECK (permanent IN (0, 1)),
+    at          REAL NOT NULL
+) STRICT;
+CREATE INDEX bounces_outbox ON bounces (outbox_id);
+
+CREATE TABLE suppressions (
+    address     TEXT PRIMARY KEY NOT NULL,
+    until       REAL NOT NULL,
+    status      TEXT NOT NULL,
+    case_key    TEXT NOT NULL,
+    message_ref TEXT NOT NULL,
+    at          REAL NOT NULL
+) STRICT;
+
+ALTER TABLE thread RENAME TO thread_v2;
+
+CREATE TABLE thread (
+    pos      INTEGER PRIMARY KEY,
+    case_key TEXT NOT NULL REFERENCES cases (key),
+    seq      INTEGER NOT NULL CHECK (seq >= 1),
+    kind     TEXT NOT NULL CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status')),
+    at       REAL NOT NULL,
+    data     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
+    UNIQUE (case_key, seq)
+) STRICT;
+
+INSERT INTO thread (pos, case_key, seq, kind, at, data)
+    SELECT pos, case_key, seq, kind, at, data FROM thread_v2 ORDER BY pos;
+
+DROP TABLE thread_v2;
+"""  # noqa: E501
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
     Migration(3, "raw-last", RAW_LAST),
+    Migration(4, "bounces", BOUNCES),
 )

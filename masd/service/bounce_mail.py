@@ -1,0 +1,146 @@
+"""Bounces in the service: envelope senders out, bounce reports in (docs/protocol.md §22).
+
+- :func:`give_envelope`: a mail just queued gets its bounce address as
+  envelope sender, its tag naming the outbox row.
+- :func:`suppression`: masd's own mail to a suppressed address is refused.
+- :func:`receive`: mail to a bounce address whose tag verified.  A bounce is
+  recorded (raw bytes kept, no ``mail.in``, no acknowledgement), marks the
+  mail, suppresses a permanently failed recipient and is told to a slave
+  case's master as ``case.message``; any other mail is an ordinary mail on the
+  case, automated (reason ``bounce-address``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any, Final
+
+from masd.core.bounce import BounceRecipient, bounce_address, make_tag, own_mail_refusal
+from masd.core.bounce import verify_tag as _verify
+from masd.core.dsn import BounceReport, read_bounce
+from masd.core.engine import CaseView, Effect, SendContract
+from masd.core.event import ParsedMail
+from masd.core.slave import case_message
+from masd.core.trust import Automation
+from masd.service.runtime import Job, Runtime, UnknownCase
+from masd.store import Tx, append_thread, bounces, cases
+
+log = logging.getLogger("masd")
+
+#: automated.reason of mail to a bounce address that is no bounce
+NOT_A_BOUNCE: Final = "bounce-address"
+#: automated.reason of a bounce told to the master
+BOUNCE: Final = "bounce"
+
+
+def give_envelope(rt: Runtime, tx: Tx, case: CaseView, outbox_id: int, now: float) -> None:
+    """Make the bounce address of mail ``outbox_id`` its envelope sender."""
+    tag = make_tag(bounces.key(tx, now), case.key, outbox_id)
+    sender = bounce_address(case.address, rt.config.server.recipient_delimiter, tag)
+    bounces.set_envelope(tx, outbox_id, sender)
+
+
+def suppression(tx: Tx, purpose: str, address: str, now: float) -> str | None:
+    """``suppressed`` when masd's own mail goes to an address that bounced for good."""
+    if purpose == "reply":  # a master's mail.send: the master decides
+        return None
+    return own_mail_refusal(purpose, bounces.suppressed_until(tx, address.lower()), now)
+
+
+def verify(tx: Tx, case_key: str, tag: str) -> int | None:
+    """The outbox row ``tag`` names on case ``case_key``, None when it does not verify."""
+    return _verify(bounces.key_or_none(tx), case_key, tag)
+
+
+def automated_as(mail: ParsedMail, reason: str) -> ParsedMail:
+    """``mail``, marked automated for ``reason`` (in its event too)."""
+    event = dataclasses.replace(mail.event, automated=True, automated_reason=reason)
+    return dataclasses.replace(mail, event=event, automation=Automation(True, reason))
+
+
+@dataclass(frozen=True)
+class Read:
+    """What :func:`~masd.core.dsn.read_bounce` said of a mail, read before its store job
+    (the LMTP edge reads it off the writer thread); ``report`` None: no bounce."""
+
+    report: BounceReport | None
+
+
+def read(raw: bytes) -> Read:
+    return Read(read_bounce(raw))
+
+
+def check(
+    job: Job, case: CaseView, split: BounceRecipient, raw: bytes, done: Read | None
+) -> tuple[int, BounceReport | None]:
+    """The outbox row bounce address ``split`` of ``case`` names, and what the mail
+    reports (None: it is no bounce); ``done``: the mail already read, else it is read here.
+
+    :class:`UnknownCase` (``550 5.1.1``) when the tag does not verify for the case.
+    """
+    outbox_id = verify(job.tx, case.key, split.tag)
+    if outbox_id is None:
+        raise UnknownCase(f"bounce address of {case.address}: the tag does not verify")
+    return outbox_id, (done or read(raw)).report
+
+
+def receive(
+    job: Job, case: CaseView, outbox_id: int, mail: ParsedMail, report: BounceReport
+) -> list[Effect]:
+    """Record bounce ``report`` on ``case``; the caller has recorded the message.
+    Returns the effects still to apply (a slave case's ``case.message``)."""
+    ev = mail.event
+    sent = bounces.mail_out(job.tx, case.key, outbox_id)
+    recipient = report.recipient or (sent[1] if sent else "")
+    bounces.record(
+        job.tx,
+        bounces.Bounce(
+            ev.message_ref,
+            outbox_id,
+            case.key,
+            recipient,
+            report.status,
+            report.diagnostic,
+            report.remote_mta,
+            report.permanent,
+            job.now,
+        ),
+    )
+    suppressed = sent[1] if sent else recipient
+    if report.permanent and suppressed:
+        until = job.now + job.rt.config.server.suppress_for
+        row = bounces.Suppression(
+            suppressed.lower(), until, report.status, case.key, ev.message_ref, job.now
+        )
+        bounces.suppress(job.tx, row)
+    entry: dict[str, Any] = {
+        "mail_seq": sent[0] if sent else None,
+        "message_ref": ev.message_ref,
+        "recipient": recipient,
+        "status": report.status,
+        "diagnostic": report.diagnostic,
+        "remote_mta": report.remote_mta,
+        "permanent": report.permanent,
+    }
+    append_thread(job.tx, case.key, "mail.bounced", entry, at=job.now)
+    log.info(
+        "bounce case=%s mail=%s status=%s permanent=%s",
+        case.key,
+        outbox_id,
+        report.status,
+        report.permanent,
+        extra={"case": case.key, "message_ref": ev.message_ref},
+    )
+    if case.role != "slave":
+        return []
+    master = job.rt.master_of(case.domain, case.type)
+    told = automated_as(mail, BOUNCE).event
+    message = case_message(case, ev.message_ref, told.to_json())
+    return [SendContract(master.peer, master.url, message)]
+
+
+def tag_verifies(tx: Tx, case_key: str, tag: str) -> bool:
+    """At RCPT: does case ``case_key`` exist and ``tag`` verify for it?"""
+    return cases.exists(tx, case_key) and verify(tx, case_key, tag) is not None
