@@ -131,8 +131,11 @@ def last_pos(tx: Tx) -> int:
 
 
 @cache
-def _list_cases(d: Dialect) -> str:
+def _list_cases(d: Dialect, scoped: bool = False) -> str:
+    """The case list's query; ``scoped``: one more parameter before the limit, a JSON
+    array of ``"domain/type"`` pairs the cases must be of."""
     h = d.row_order("handoff_id")
+    scope = f"AND c.domain || '/' || c.type IN {d.json_values()} " if scoped else ""
     return (
         "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "  # noqa: S608 - dialect words only
         "t.pos, t.at, h.handoff_id, h.mode, h.status "
@@ -142,7 +145,7 @@ def _list_cases(d: Dialect) -> str:
         "WHERE c.key = t.case_key AND c.thread_seq = t.seq AND t.pos < ? "
         f"AND ({d.param('BOOLEAN')} IS NULL OR ? = (h.handoff_id IS NOT NULL)) "
         f"AND ({d.param('TEXT')} IS NULL OR {d.nocase('c.participant')}) "
-        f"AND ({d.param('TEXT')} IS NULL OR c.domain = ?) "
+        f"AND ({d.param('TEXT')} IS NULL OR c.domain = ?) {scope}"
         "ORDER BY t.pos DESC LIMIT ?"
     )
 
@@ -194,21 +197,23 @@ def cases(
             limit,
         ),
     )
-    return [
-        ListedCase(
-            key=str(r[0]),
-            address=str(r[1]),
-            domain=str(r[2]),
-            type=str(r[3]),
-            role=str(r[4]),
-            participant=r[5],
-            created_at=float(r[6]),
-            last_pos=int(r[7]),
-            last_at=float(r[8]),
-            open_handoff=None if r[9] is None else (str(r[9]), str(r[10]), str(r[11])),
-        )
-        for r in found
-    ]
+    return [listed_case(r) for r in found]
+
+
+def listed_case(r: tuple[Any, ...]) -> ListedCase:
+    """A row of :func:`_list_cases` as a :class:`ListedCase`."""
+    return ListedCase(
+        key=str(r[0]),
+        address=str(r[1]),
+        domain=str(r[2]),
+        type=str(r[3]),
+        role=str(r[4]),
+        participant=r[5],
+        created_at=float(r[6]),
+        last_pos=int(r[7]),
+        last_at=float(r[8]),
+        open_handoff=None if r[9] is None else (str(r[9]), str(r[10]), str(r[11])),
+    )
 
 
 def keys_with_id(tx: Tx, case_id: str) -> list[str]:

@@ -2,11 +2,14 @@
 
 A recorded message as the read side shows it (:func:`message`), its raw bytes whole
 (:func:`raw_whole`) or a range of them (:func:`raw_range`), read through SQLite's
-incremental blob I/O so a range costs its own length, not the message's; the intakes
-(:func:`intakes`); and the case list and event feed limited to some (domain, type)
-pairs, for a reader entitled to those only (:func:`scoped_cases`, :func:`scoped_events`).
+incremental blob I/O so a range costs its own length, not the message's (PostgreSQL
+reads a ``substr`` of the ``bytea``); the intakes (:func:`intakes`); and the case list
+and event feed limited to some (domain, type) pairs, for a reader entitled to those only
+(:func:`scoped_cases`, :func:`scoped_events`).
 
-A scope is a sequence of ``"domain/type"`` strings.
+A scope is a sequence of ``"domain/type"`` strings, passed to the queries as one JSON
+array parameter.  Every query here runs on both backends; only :func:`_blob` (SQLite's
+blob I/O, reached only when the transaction's dialect is SQLite's) is SQLite's alone.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, cast
 
-from masd.store.backend import SQLITE
-from masd.store.entries import EntryRow, ListedCase, _entries, _entry
+from masd.store.backend import SQLITE, Dialect
+from masd.store.entries import EntryRow, ListedCase, _entries, _entry, _list_cases, listed_case
 from masd.store.sql import Tx, dialect, dumps, one, rows, tuples
 
 
@@ -90,8 +94,30 @@ class IntakeRow:
 
 
 def _scope(scope: Sequence[str] | None) -> str | None:
-    """A scope as the queries take it: a JSON array, compared with ``json_each``."""
+    """A scope as the queries take it: one parameter, a JSON array
+    (:meth:`masd.store.backend.Dialect.json_values`)."""
     return None if scope is None else dumps(list(scope))
+
+
+def _micros(column: str) -> str:
+    """An epoch-seconds column as whole microseconds (an integer cursor)."""
+    return f"CAST(round({column} * 1000000) AS BIGINT)"
+
+
+@cache
+def _intakes_sql(d: Dialect, ties: bool) -> str:
+    """Intakes after a position (``ties``: at a position, after an ``intake_ref``)."""
+    pos = "i.rowid" if d.name == "sqlite" else _micros("i.created_at")
+    where = f"{pos} = ? AND i.intake_ref > ?" if ties else f"{pos} > ?"
+    order = pos if d.name == "sqlite" else f"{pos}, i.intake_ref"
+    return (
+        f"SELECT {pos} AS pos, i.intake_ref, i.domain, i.type, i.message_ref, "  # noqa: S608 - dialect words only
+        "i.requested_mode, i.created_at, i.assigned_at, i.case_key, c.address FROM intakes i "
+        f"LEFT JOIN cases c ON c.key = i.case_key WHERE {where} "
+        f"AND ({d.param('TEXT')} IS NULL OR i.domain || '/' || i.type IN {d.json_values()}) "
+        f"AND ({d.param('TEXT')} IS NULL OR (i.case_key IS NULL) = (? = 'pending')) "
+        f"ORDER BY {order} LIMIT ?"
+    )
 
 
 def intakes(
@@ -100,17 +126,25 @@ def intakes(
     """Intakes in the order they were recorded, after the position ``after``.
 
     ``state``: ``pending`` (not assigned yet), ``assigned``, or None for both.
+
+    A position is SQLite's ``rowid``; on PostgreSQL, whose table has no row number,
+    ``created_at`` in whole microseconds, ties ordered by ``intake_ref``.  Intakes
+    recorded in one microsecond share a position, so a page never ends between two
+    of them: the rest of that microsecond is added (the page may pass ``limit``),
+    and a cursor taken from its last intake skips none.
     """
-    found = rows(
-        tx,
-        "SELECT i.rowid AS pos, i.intake_ref, i.domain, i.type, i.message_ref, "
-        "i.requested_mode, i.created_at, i.assigned_at, i.case_key, c.address FROM intakes i "
-        "LEFT JOIN cases c ON c.key = i.case_key WHERE i.rowid > ? "
-        "AND (? IS NULL OR i.domain || '/' || i.type IN (SELECT value FROM json_each(?))) "
-        "AND (? IS NULL OR (i.case_key IS NULL) = (? = 'pending')) ORDER BY i.rowid LIMIT ?",
-        (after, _scope(scope), _scope(scope), state, state, limit),
-    )
+    d = dialect(tx)
+    params = (_scope(scope), _scope(scope), state, state)
+    found = rows(tx, _intakes_sql(d, False), (after, *params, limit))
+    if d.name != "sqlite" and found and len(found) == limit:
+        last = found[-1]
+        found += rows(tx, _intakes_sql(d, True), (last["pos"], last["intake_ref"], *params, 2**62))
     return [IntakeRow(**r) for r in found]
+
+
+@cache
+def _scope_clause(d: Dialect) -> str:
+    return f"AND c.domain || '/' || c.type IN {d.json_values()} "
 
 
 def scoped_events(
@@ -119,10 +153,10 @@ def scoped_events(
     """:func:`masd.store.entries.events` of the cases in ``scope`` only."""
     found = tuples(
         tx,
-        _entries(dialect(tx))  # noqa: S608 (dialect words only: the values are parameters)
-        + "WHERE t.pos > ? AND (? IS NULL OR t.case_key = ?) "
-        "AND c.domain || '/' || c.type IN (SELECT value FROM json_each(?)) "
-        "ORDER BY t.pos LIMIT ?",
+        _entries(dialect(tx))
+        + f"WHERE t.pos > ? AND ({dialect(tx).param('TEXT')} IS NULL OR t.case_key = ?) "
+        + _scope_clause(dialect(tx))
+        + "ORDER BY t.pos LIMIT ?",
         (after, case_key, case_key, _scope(scope), limit),
     )
     return [_entry(r) for r in found]
@@ -141,17 +175,7 @@ def scoped_cases(
     """:func:`masd.store.entries.cases` of the cases in ``scope`` only."""
     found = tuples(
         tx,
-        "SELECT c.key, c.address, c.domain, c.type, c.role, c.participant, c.created_at, "
-        "t.pos, t.at, h.handoff_id, h.mode, h.status "
-        "FROM thread t CROSS JOIN cases c "
-        "LEFT JOIN handoffs h ON h.rowid = (SELECT rowid FROM handoffs WHERE case_key = c.key "
-        "AND closed_at IS NULL ORDER BY requested_at DESC, rowid DESC LIMIT 1) "
-        "WHERE c.key = t.case_key AND c.thread_seq = t.seq AND t.pos < ? "
-        "AND (? IS NULL OR ? = (h.handoff_id IS NOT NULL)) "
-        "AND (? IS NULL OR c.participant = ? COLLATE NOCASE) "
-        "AND (? IS NULL OR c.domain = ?) "
-        "AND c.domain || '/' || c.type IN (SELECT value FROM json_each(?)) "
-        "ORDER BY t.pos DESC LIMIT ?",
+        _list_cases(dialect(tx), scoped=True),
         (
             2**63 - 1 if before is None else before,
             open_handoff,
@@ -164,18 +188,4 @@ def scoped_cases(
             limit,
         ),
     )
-    return [
-        ListedCase(
-            key=str(r[0]),
-            address=str(r[1]),
-            domain=str(r[2]),
-            type=str(r[3]),
-            role=str(r[4]),
-            participant=r[5],
-            created_at=float(r[6]),
-            last_pos=int(r[7]),
-            last_at=float(r[8]),
-            open_handoff=None if r[9] is None else (str(r[9]), str(r[10]), str(r[11])),
-        )
-        for r in found
-    ]
+    return [listed_case(r) for r in found]
