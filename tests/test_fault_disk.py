@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import types
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,7 +292,8 @@ def test_disk_full_episode_on_a_real_tmpfs(
 def test_disk_full_episode_through_the_store_seam(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(masd.app, "Store", types.SimpleNamespace(open=open_with_seam))
+    # masd serve opens its store through masd.app.open_store; the SQLite file, with the seam.
+    monkeypatch.setattr(masd.app, "open_store", lambda database, **_: open_with_seam(database))
 
     async def cause() -> None:
         DiskFull.armed.set()

@@ -109,7 +109,7 @@ class DiskFull(sqlite3.Connection):
 
 
 def open_with_seam(path: str | Path, **options: Any) -> Store:
-    """``Store.open`` with :class:`DiskFull` connections (for ``masd.app.Store``)."""
+    """``Store.open`` with :class:`DiskFull` connections (for ``masd.app.open_store``)."""
     return Store.open(path, factory=DiskFull, **options)
 
 
