@@ -27,7 +27,7 @@ from masd.store import StoreError, migrate
 from masd.store.pg_admin import connect, recorded
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_schema import MIGRATIONS
-from masd.store.schema import Migration
+from masd.store.schema import ERASABLE_VERSION, Migration
 
 EXPECTED = Path(__file__).parent / "expected_schema_pg.sql"
 
@@ -36,6 +36,7 @@ RELEASED = {
     1: "dac5aee0baa42a61cdf59a1ded73cf9d3ebc678e153abfe5787e15020299b029",
     2: "a020d00e9910ac9fdfb94ead34fc511c964941fb1fda0cc6f6e2ac2350ef8707",
     3: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
+    ERASABLE_VERSION: "e542ec161079b97c5f6d5b71eb5c6e174c1b1a8a5e4791c0a265d84321e07fc3",
 }
 
 _ANY = re.compile(r"CHECK \(\((\w+) = ANY \(ARRAY\[([^\]]*)\]\)\)\)")
@@ -91,7 +92,7 @@ def checked_enumerations(schema: str) -> Iterator[tuple[tuple[str, str], frozens
 
 @pytest.fixture
 def built(postgres: Database) -> str:  # noqa: F811
-    assert pg_migrate(postgres.uri, postgres.password) == ["initial", "read-side", "raw-last"]
+    assert pg_migrate(postgres.uri, postgres.password) == [m.name for m in MIGRATIONS]
     return pg_schema_of(postgres.uri, postgres.password)
 
 
@@ -151,13 +152,16 @@ def test_every_sqlite_column_has_its_twin(built: str, tmp_path: Path) -> None:
 def test_migrating_again_applies_nothing_and_a_newer_store_is_refused(
     postgres: Database,  # noqa: F811
 ) -> None:
-    assert pg_migrate(postgres.uri, postgres.password) == ["initial", "read-side", "raw-last"]
+    names = [m.name for m in MIGRATIONS]
+    assert names[-1] == "erasable"
+    assert pg_migrate(postgres.uri, postgres.password) == names
     assert pg_migrate(postgres.uri, postgres.password) == []
     with connect(postgres.uri, postgres.password) as conn:
-        assert recorded(conn) == {1: "initial", 2: "read-side", 3: "raw-last"}
-    newer = (*MIGRATIONS, Migration(4, "later", "SELECT 1"))
+        assert recorded(conn) == {m.version: m.name for m in MIGRATIONS}
+    last = MIGRATIONS[-1].version
+    newer = (*MIGRATIONS, Migration(last + 1, "later", "SELECT 1"))
     assert pg_migrate(postgres.uri, postgres.password, migrations=newer) == ["later"]
-    with pytest.raises(StoreError, match="newer than version 3 this masd knows"):
+    with pytest.raises(StoreError, match=f"newer than version {last} this masd knows"):
         pg_migrate(postgres.uri, postgres.password)
 
 

@@ -26,6 +26,7 @@ from masd.core import kinds
 from masd.core.engine import Status, Thread
 from masd.core.status import MACHINE
 from masd.store import MIGRATIONS, migrate
+from masd.store.schema import ERASABLE_VERSION
 
 EXPECTED = Path(__file__).parent / "expected_schema.sql"
 
@@ -35,6 +36,7 @@ RELEASED = {
     1: "7cb04cc0e7703da54367b2833a8002870b94b341be123a119e9b8f63193467a1",
     2: "876c6b05b66740f097896d66e20d05da3c59ec1209bbc84c020e35b3da987b31",
     3: "1bcedcdf8b0b19a6a9ff731c45a15cb4a54d10433423e0c2f82e6e2cb06efc49",
+    ERASABLE_VERSION: "75a0bf6d063047996eef6e0bf69e3a63d5dc5cacaabe16a6bdffa9c07e21ef07",
 }
 
 _CHECK_IN = re.compile(r"CHECK \((\w+) IN \(([^)]*)\)\)")

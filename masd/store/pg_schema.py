@@ -47,9 +47,9 @@ they build (``tests/expected_schema_pg.sql``).
 
 from __future__ import annotations
 
-from masd.store.schema import Migration
+from masd.store.schema import ERASABLE_VERSION, Migration
 
-__all__ = ["INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
+__all__ = ["ERASABLE", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
 
 #: Migration 1, as released.
 INITIAL = """
@@ -232,8 +232,18 @@ CREATE TRIGGER outbox_sent_kept AFTER DELETE ON outbox FOR EACH ROW
 #: recorded all the same, so that a store's version means the same on either kind.
 RAW_LAST = "SELECT 1"
 
+#: Migration 4, as released: what SQLite's migration 4 builds.  ``thread`` loses its foreign
+#: key to ``cases`` (a ``case.erased`` entry outlives its case) and its kinds take
+#: ``case.erased``; PostgreSQL changes both constraints in place.
+ERASABLE = """
+ALTER TABLE thread DROP CONSTRAINT thread_case_key_fkey;
+ALTER TABLE thread DROP CONSTRAINT thread_kind_check;
+ALTER TABLE thread ADD CONSTRAINT thread_kind_check CHECK (kind IN ('case.erased', 'contract.in', 'contract.out', 'delivery.failed', 'mail.in', 'mail.out', 'mail.refused', 'status'));
+"""  # noqa: E501
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
     Migration(3, "raw-last", RAW_LAST),
+    Migration(ERASABLE_VERSION, "erasable", ERASABLE),
 )
