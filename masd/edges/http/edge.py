@@ -25,6 +25,7 @@ from masd.edges.http import (
     cases,
     clock,
     console,
+    erase,
     events,
     healthz,
     messages,
@@ -50,6 +51,7 @@ ROUTES: Final[tuple[Route, ...]] = (
     *cases.ROUTES,
     *events.ROUTES,
     *outbox.ROUTES,
+    *erase.ROUTES,
     *console.ROUTES,
 )
 
