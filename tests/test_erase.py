@@ -105,6 +105,7 @@ def test_erase_over_http_cancels_the_handoff_and_leaves_one_entry(tmp_path: Path
             ]
             last = after[-1]
             assert last["case"] == {"address": ERASED, "key": ERASED}
+            assert set(last["entry"]) == {"seq", "kind", "at"}
             assert last["entry"]["kind"] == "case.erased"
             assert _pos(last) > max(_pos(e) for e in before)
             # A cursor that pointed at an erased event goes on from the next one there is.

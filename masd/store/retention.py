@@ -84,7 +84,8 @@ def remove_case(tx: Tx, key: str, *, keep_pending_contract: bool = False) -> dic
 
 def erase_case(tx: Tx, key: str, at: float) -> dict[str, int] | None:
     """Remove case ``key`` with every row of it (:func:`remove_case`), leaving one
-    ``case.erased`` entry with its address and key; None if there is no such case.
+    ``case.erased`` entry (the case's key, its address in the data); None if there
+    is no such case.
 
     The entry is written before the case's own entries go, so it takes a
     position past all of theirs even when the case held the latest one (a
@@ -99,7 +100,7 @@ def erase_case(tx: Tx, key: str, at: float) -> dict[str, int] | None:
     run(
         tx,
         "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, 'case.erased', ?, ?)",
-        (key, seq + 1, float(at), dumps({"address": address, "key": key})),
+        (key, seq + 1, float(at), dumps({"address": address})),
     )
     return remove_case(tx, key)
 

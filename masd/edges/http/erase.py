@@ -1,4 +1,4 @@
-"""``POST /mas/v0.1/cases/{key}/erase``: remove one case (docs/protocol.md §16,
+"""``POST /mas/v0.1/cases/{key}/erase``: remove one case (docs/protocol.md §16.8,
 :mod:`masd.service.erase`), admin only.
 
 One store job; once it has committed the outbox is woken, so the
