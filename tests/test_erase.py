@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from support.masd_process import WAIT, write_master_config
+from support.http import status_message
+from support.masd_process import WAIT, mx_mail, write_master_config
 from support.watch import ANN, BOB, Watched, watched
 
 from masd.cli import main
@@ -27,6 +28,7 @@ from masd.read.feed import parse_cursor
 from masd.service import Runtime, deliver
 from masd.store import Store
 from masd.store.sql import tuples
+from masd.testing import lmtpclient
 
 ERASED = "ticket=ticket-1@help.example"
 KEPT = "ticket=ticket-2@help.example"
@@ -82,41 +84,58 @@ def test_erase_over_http_cancels_the_handoff_and_leaves_one_entry(tmp_path: Path
                 timeout=WAIT,
             ) as mode:
                 refused = await mode.post(f"/mas/v0.1/cases/{ERASED}/erase")
-            assert refused.status_code == 401, refused.text
-            assert refused.json()["error"] == "unauthenticated"
-            assert (await run.get(f"/mas/v0.1/cases/{ERASED}"))["case"]["key"] == ERASED
-
-            answer = await run.http.post(f"/mas/v0.1/cases/{ERASED}/erase")
-            assert answer.status_code == 200, answer.text
-            body = answer.json()
-            assert body["ok"] is True
-            erased = body["erased"]
-            assert (erased["cases"], erased["handoffs"], erased["messages"]) == (1, 1, 1)
-            own = [e for e in before if e["case"]["key"] == ERASED]
-            assert erased["thread"] == len(own)
-            await _cancel_received(run, request)
-            await _gone(run)
-
-            after = await run.all_events()
-            kept = [e for e in before if e["case"]["key"] != ERASED]
-            # The other case's events stay where they were (their deliveries may have moved on).
-            assert [(e["cursor"], e["entry"]["kind"]) for e in after[:-1]] == [
-                (e["cursor"], e["entry"]["kind"]) for e in kept
-            ]
-            last = after[-1]
-            assert last["case"] == {"address": ERASED, "key": ERASED}
-            assert set(last["entry"]) == {"seq", "kind", "at"}
-            assert last["entry"]["kind"] == "case.erased"
-            assert _pos(last) > max(_pos(e) for e in before)
-            # A cursor that pointed at an erased event goes on from the next one there is.
-            inside = own[0]["cursor"]
-            page = await run.get("/mas/v0.1/events", after=inside)
-            assert page["events"] == [e for e in after if _pos(e) > _pos(own[0])]
-            # Nothing else of the case is queued: the cancel was its one send.
-            await asyncio.sleep(0.5)
-            assert len(run.endpoint.requests) == 2
+                assert refused.status_code == 401, refused.text
+                assert refused.json()["error"] == "unauthenticated"
+                assert (await run.get(f"/mas/v0.1/cases/{ERASED}"))["case"]["key"] == ERASED
+                await _erase_and_check(run, mode, request, before)
 
     asyncio.run(main())
+
+
+async def _erase_and_check(
+    run: Watched, mode: httpx.AsyncClient, request: dict[str, Any], before: list[dict[str, Any]]
+) -> None:
+    answer = await run.http.post(f"/mas/v0.1/cases/{ERASED}/erase")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["ok"] is True
+    erased = body["erased"]
+    assert (erased["cases"], erased["handoffs"], erased["messages"]) == (1, 1, 1)
+    own = [e for e in before if e["case"]["key"] == ERASED]
+    assert erased["thread"] == len(own)
+    await _cancel_received(run, request)
+    await _gone(run)
+    # The mode's status on the erased handoff, and mail to the case, are refused.
+    status = status_message(ERASED, request["handoff_id"], 1, "scheduled")
+    late = await mode.post("/mas/v0.1/messages", json=status)
+    assert late.status_code == 404, late.text
+    assert late.json()["error"] == "unknown-case"
+    _, data = mx_mail(ANN, ERASED)
+    result = await lmtpclient.deliver(
+        ("127.0.0.1", run.setup.lmtp_port), ANN, [ERASED], data, timeout=WAIT
+    )
+    assert result.codes == (550,), result
+
+    after = await run.all_events()
+    kept = [e for e in before if e["case"]["key"] != ERASED]
+    # The other case's events stay where they were (their deliveries may have moved on).
+    assert [(e["cursor"], e["entry"]["kind"]) for e in after[:-1]] == [
+        (e["cursor"], e["entry"]["kind"]) for e in kept
+    ]
+    last = after[-1]
+    assert last["case"] == {"address": ERASED, "key": ERASED}
+    assert set(last["entry"]) == {"seq", "kind", "at"}
+    assert last["entry"]["kind"] == "case.erased"
+    assert _pos(last) > max(_pos(e) for e in before)
+    # A cursor that pointed at an erased event goes on from the next one there is.
+    inside = own[0]["cursor"]
+    page = await run.get("/mas/v0.1/events", after=inside)
+    assert [e["cursor"] for e in page["events"]] == [
+        e["cursor"] for e in after if _pos(e) > _pos(own[0])
+    ]
+    # Nothing else of the case is queued: the cancel was its one send.
+    await asyncio.sleep(0.5)
+    assert len(run.endpoint.requests) == 2
 
 
 @pytest.mark.slow
