@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from support.http import status_message
 from support.masd_process import WAIT, mx_mail, write_master_config
+from support.pgserver import fresh_database, pg_server  # noqa: F401
 from support.watch import ANN, BOB, Watched, watched
 
 from masd.cli import main
@@ -26,7 +28,9 @@ from masd.core.address import parse_address
 from masd.core.event import build_event
 from masd.read.feed import parse_cursor
 from masd.service import Runtime, deliver
-from masd.store import Store
+from masd.service import erase as erasing
+from masd.store import Store, entries, open_store
+from masd.store.pg_backend import PgStore
 from masd.store.sql import tuples
 from masd.testing import lmtpclient
 
@@ -165,11 +169,11 @@ MAIL = (
 )
 
 
-def test_masd_case_erase_without_a_running_masd_erases_in_the_store(tmp_path: Path) -> None:
-    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=25)
-    config = load_config(setup.config)
+def _delivered(store: Store | PgStore, setup_dir: Path) -> Runtime:
+    """A case with an open callback handoff, its handoff.request queued: the Runtime."""
+    setup = write_master_config(setup_dir, endpoint_url="http://127.0.0.1:9/mas", smtp_port=25)
     counter = itertools.count(1)
-    rt = Runtime(config, lambda: f"id-{next(counter)}")
+    rt = Runtime(load_config(setup.config), lambda: f"id-{next(counter)}")
     mail = build_event(
         MAIL,
         mail_from="alice@example.com",
@@ -179,14 +183,51 @@ def test_masd_case_erase_without_a_running_masd_erases_in_the_store(tmp_path: Pa
         trust=rt.trust(),
     )
     rcpt = parse_address("ticket!callback@help.example")
-    with Store.open(config.server.database) as store:
-        store.write_sync(lambda db: deliver(rt, db, rcpt, mail, MAIL, "0" * 64, 1_790_000_000.0))
+    store.write_sync(lambda db: deliver(rt, db, rcpt, mail, MAIL, "0" * 64, 1_790_000_000.0))
+    return rt
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store | PgStore]:
+    if request.param == "sqlite":
+        with Store.open(tmp_path / "store.db") as store:
+            yield store
+        return
+    uri = fresh_database(request.getfixturevalue("pg_server"))
+    with open_store(uri) as store:
+        assert isinstance(store, PgStore)
+        yield store
+
+
+def test_the_erase_job_on_each_backend(backend: Store | PgStore, tmp_path: Path) -> None:
+    rt = _delivered(backend, tmp_path / "config")
+    done = backend.write_sync(lambda tx: erasing.erase(rt, tx, ERASED, 1_790_000_100.0))
+    assert done.wakes.outbox
+    assert (done.counts["cases"], done.counts["handoffs"], done.counts["messages"]) == (1, 1, 1)
+    left = backend.read_sync(
+        lambda tx: tuples(tx, "SELECT case_key, state, payload FROM outbox ORDER BY id")
+    )
+    # The handoff.request and the acknowledgement went with the case; the cancel waits.
+    ((case_key, state, payload),) = left
+    assert (case_key, state) == (ERASED, "pending")
+    assert json.loads(payload)["type"] == "handoff.cancel"
+    assert json.loads(payload)["reason"] == "erased"
+    events = backend.read_sync(lambda tx: entries.events(tx, 0, 100))
+    assert [(e.case_key, e.kind, e.address) for e in events] == [(ERASED, "case.erased", ERASED)]
+    with pytest.raises(erasing.UnknownCase, match=r"no case ticket=ticket-1@help\.example"):
+        backend.write_sync(lambda tx: erasing.erase(rt, tx, ERASED, 1_790_000_200.0))
+
+
+def test_masd_case_erase_without_a_running_masd_erases_in_the_store(tmp_path: Path) -> None:
+    config = tmp_path / "masd.toml"
+    with Store.open(tmp_path / "masd.db") as store:
+        _delivered(store, tmp_path)
     runner = CliRunner()
-    ran = runner.invoke(main, ["case", "erase", "--config", str(setup.config), ERASED])
+    ran = runner.invoke(main, ["case", "erase", "--config", str(config), ERASED])
     assert ran.exit_code == 0, ran.output
     assert "erasing in the store itself" in ran.stderr
     assert ran.stdout.startswith(f"erased {ERASED}: ")
-    with Store.open(config.server.database, migrate=False) as store:
+    with Store.open(tmp_path / "masd.db", migrate=False) as store:
         left = store.read_sync(
             lambda tx: tuples(
                 tx, "SELECT kind, state, payload FROM outbox WHERE state = 'pending' ORDER BY id"
@@ -199,6 +240,6 @@ def test_masd_case_erase_without_a_running_masd_erases_in_the_store(tmp_path: Pa
     assert json.loads(payload)["type"] == "handoff.cancel"
     assert json.loads(payload)["reason"] == "erased"
     assert [tuple(k) for k in kinds] == [(ERASED, "case.erased")]
-    again = runner.invoke(main, ["case", "erase", "--config", str(setup.config), ERASED])
+    again = runner.invoke(main, ["case", "erase", "--config", str(config), ERASED])
     assert again.exit_code == 1
     assert "unknown-case: key: no case ticket=ticket-1@help.example" in again.stderr
