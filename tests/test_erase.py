@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from support.http import status_message
+from httpx_sse import aconnect_sse
+from support.http import ADMIN, Running, serving, status_message
+from support.http import deliver as http_deliver
 from support.masd_process import WAIT, mx_mail, write_master_config
 from support.pgserver import fresh_database, pg_server  # noqa: F401
 from support.watch import ANN, BOB, Watched, watched
@@ -34,6 +36,8 @@ from masd.store.pg_backend import PgStore
 from masd.store.sql import tuples
 from masd.testing import lmtpclient
 
+EVENTS = "/mas/v0.1/events"
+AUTH = {"Authorization": f"Bearer {ADMIN}"}
 ERASED = "ticket=ticket-1@help.example"
 KEPT = "ticket=ticket-2@help.example"
 
@@ -243,3 +247,55 @@ def test_masd_case_erase_without_a_running_masd_erases_in_the_store(tmp_path: Pa
     again = runner.invoke(main, ["case", "erase", "--config", str(config), ERASED])
     assert again.exit_code == 1
     assert "unknown-case: key: no case ticket=ticket-1@help.example" in again.stderr
+
+
+def test_the_hubs_tail_lets_go_of_an_erased_cases_events(tmp_path: Path) -> None:
+    """A follower resuming from inside the hub's in-memory tail is not handed the erased
+    case's events from there."""
+
+    async def follow(run: Running, last: str, until_kind: str) -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        headers = {**AUTH, "Last-Event-ID": last}
+        async with aconnect_sse(run.client, "GET", EVENTS, headers=headers, timeout=None) as sse:
+            async for message in sse.aiter_sse():
+                if message.data:
+                    got.append(json.loads(message.data))
+                    if got[-1]["entry"]["kind"] == until_kind:
+                        return got
+        return got
+
+    async def main() -> None:
+        async with serving(tmp_path) as run:
+            assert run.edge is not None
+            served = run.edge.served
+            watching = asyncio.ensure_future(follow(run, "e0", "case.erased"))
+            await asyncio.sleep(0.3)  # the hub runs: what commits now is in its tail
+            first = await http_deliver(run.store, run.rt, "ticket@help.example", run.clock.now())
+            await http_deliver(run.store, run.rt, "ticket@help.example", run.clock.now())
+            served.feed.poke()
+            before = await _feed(run)
+            own = [e for e in before if e["case"]["key"] == first.case_key]
+            assert own
+            await asyncio.sleep(0.3)
+            assert served.hub.covers(_pos(own[0]) - 1)  # the tail holds the case's events
+            erased = await run.client.post(f"/mas/v0.1/cases/{first.case_key}/erase", headers=AUTH)
+            assert erased.status_code == 200, erased.text
+            await asyncio.wait_for(watching, WAIT)
+            # Resume from just before the erased case's first event, inside the tail.
+            start = _pos(own[0]) - 1
+            assert served.hub.covers(start)
+            resumed = await asyncio.wait_for(follow(run, f"e{start}", "case.erased"), WAIT)
+            keys = [(e["case"]["key"], e["entry"]["kind"]) for e in resumed]
+            assert (first.case_key, "case.erased") in keys
+            assert [k for k in keys if k[0] == first.case_key] == [(first.case_key, "case.erased")]
+            assert [e["cursor"] for e in resumed] == [
+                e["cursor"] for e in await _feed(run) if _pos(e) > start
+            ]
+
+    asyncio.run(main())
+
+
+async def _feed(run: Running) -> list[dict[str, Any]]:
+    page = await run.client.get(EVENTS, params={"limit": 1000}, headers=AUTH)
+    events: list[dict[str, Any]] = page.json()["events"]
+    return events

@@ -92,8 +92,9 @@ def test_an_erased_case_leaves_one_entry_past_its_own(backend: Backend) -> None:
     before = backend.read_sync(lambda tx: entries.events(tx, 0, 10))
     assert [(e.case_key, e.kind) for e in before][-1] == ("gone", "mail.out")
     assert backend.write_sync(lambda tx: retention.erase_case(tx, "nobody", 14.0)) is None
-    counts = backend.write_sync(lambda tx: retention.erase_case(tx, "gone", 14.0))
-    assert counts is not None
+    erased_at = backend.write_sync(lambda tx: retention.erase_case(tx, "gone", 14.0))
+    assert erased_at is not None
+    counts, pos = erased_at
     assert (counts["cases"], counts["handoffs"], counts["thread"], counts["outbox"]) == (1, 1, 2, 1)
     after = backend.read_sync(lambda tx: entries.events(tx, 0, 10))
     assert [(e.case_key, e.kind) for e in after] == [("keep", "mail.in"), ("gone", "case.erased")]
@@ -101,7 +102,7 @@ def test_an_erased_case_leaves_one_entry_past_its_own(backend: Backend) -> None:
     assert erased.address == "gone@example.org"
     assert json.loads(erased.data) == {"address": "gone@example.org"}
     # Its position is past every one the case had, the latest included.
-    assert erased.pos > before[-1].pos
+    assert erased.pos == pos > before[-1].pos
     # A cursor among the erased entries goes on from the next entry there is.
     inside = before[1].pos
     assert [e.kind for e in backend.read_sync(lambda tx: entries.events(tx, inside, 10))] == [

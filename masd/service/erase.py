@@ -31,18 +31,21 @@ class UnknownCase(MasdError):
 
 @dataclass(frozen=True)
 class Erased:
-    """What one erase removed (rows per table) and what it woke."""
+    """What one erase removed (rows per table), where its ``case.erased`` entry
+    stands in the feed, and what it woke."""
 
     counts: dict[str, int]
+    pos: int
     wakes: Wakes
 
 
 def erase(rt: Runtime, tx: Tx, key: str, now: float) -> Erased:
     """Erase case ``key``; :class:`UnknownCase` if there is none."""
     case = load_case(rt, tx, key)
-    counts = None if case is None else retention.erase_case(tx, key, now)
-    if case is None or counts is None:
+    erased = None if case is None else retention.erase_case(tx, key, now)
+    if case is None or erased is None:
         raise UnknownCase(f"key: no case {key}")
+    counts, pos = erased
     handoff, wakes = case.open_handoff, NO_WAKES
     if handoff is not None and handoff.url is not None:
         cancel = envelope(
@@ -56,4 +59,4 @@ def erase(rt: Runtime, tx: Tx, key: str, now: float) -> Erased:
         row = outbox.NewRow("contract", queue, handoff.peer, case.key, handoff.url, cancel)
         outbox.queue(tx, row, now, now + rt.config.server.retry_for)
         wakes = Wakes(outbox=True)
-    return Erased(counts, wakes)
+    return Erased(counts, pos, wakes)

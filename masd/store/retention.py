@@ -82,10 +82,10 @@ def remove_case(tx: Tx, key: str, *, keep_pending_contract: bool = False) -> dic
     return counts
 
 
-def erase_case(tx: Tx, key: str, at: float) -> dict[str, int] | None:
+def erase_case(tx: Tx, key: str, at: float) -> tuple[dict[str, int], int] | None:
     """Remove case ``key`` with every row of it (:func:`remove_case`), leaving one
     ``case.erased`` entry (the case's key, its address in the data); None if there
-    is no such case.
+    is no such case, else the rows removed per table and the entry's position.
 
     The entry is written before the case's own entries go, so it takes a
     position past all of theirs even when the case held the latest one (a
@@ -102,7 +102,8 @@ def erase_case(tx: Tx, key: str, at: float) -> dict[str, int] | None:
         "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, 'case.erased', ?, ?)",
         (key, seq + 1, float(at), dumps({"address": address})),
     )
-    return remove_case(tx, key)
+    pos = int(value(tx, "SELECT pos FROM thread WHERE case_key = ? AND seq = ?", (key, seq + 1)))
+    return remove_case(tx, key), pos
 
 
 def _outbox_ids(tx: Tx, key: str) -> set[int]:

@@ -2,7 +2,8 @@
 :mod:`masd.service.erase`), admin only.
 
 One store job; once it has committed the outbox is woken, so the
-``handoff.cancel`` to the case's mode goes out now.
+``handoff.cancel`` to the case's mode goes out now, and the feed's hub lets
+go of the case's events it holds (no follower is handed them from memory).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ async def erase(request: web.Request, edge: Served) -> web.StreamResponse:
     except erasing.UnknownCase as exc:
         raise HttpRefusal("unknown-case", exc.detail) from exc
     edge.on_commit.committed(done.wakes)
+    edge.hub.forget(key, done.pos)
     log.info(
         "case erased case=%s remote=%s %s",
         key,
