@@ -209,11 +209,11 @@ CREATE TABLE suppressions (
 ) STRICT;
 
 -- table thread
-CREATE TABLE thread (
+CREATE TABLE "thread" (
     pos      INTEGER PRIMARY KEY,
-    case_key TEXT NOT NULL REFERENCES cases (key),
+    case_key TEXT NOT NULL,
     seq      INTEGER NOT NULL CHECK (seq >= 1),
-    kind     TEXT NOT NULL CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status')),
+    kind     TEXT NOT NULL CHECK (kind IN ('case.erased', 'contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status')),
     at       REAL NOT NULL,
     data     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
     UNIQUE (case_key, seq)

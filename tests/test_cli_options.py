@@ -51,6 +51,7 @@ READS_CONFIG = {
     "masd db backup",
     "masd case show",
     "masd case list",
+    "masd case erase",
     "masd tail",
     "masd queue",
     "masd queue list",

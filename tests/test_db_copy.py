@@ -224,7 +224,7 @@ def test_db_migrate_on_postgresql_and_backup_refused(
     runner = CliRunner()
     first = runner.invoke(main, ["db", "migrate", "--config", str(config)])
     assert first.exit_code == 0, first.output
-    assert first.output.strip() == "applied: initial, read-side, raw-last, bounces"
+    assert first.output.strip() == "applied: initial, read-side, raw-last, bounces, erasable"
     second = runner.invoke(main, ["db", "migrate", "--config", str(config)])
     assert second.output.strip() == "up to date"
     backup = runner.invoke(main, ["db", "backup", "--config", str(config), str(tmp_path / "b.db")])

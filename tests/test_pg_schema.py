@@ -27,7 +27,7 @@ from masd.store import StoreError, migrate
 from masd.store.pg_admin import connect, recorded
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_schema import MIGRATIONS
-from masd.store.schema import Migration
+from masd.store.schema import ERASABLE_VERSION, Migration
 
 EXPECTED = Path(__file__).parent / "expected_schema_pg.sql"
 
@@ -37,6 +37,7 @@ RELEASED = {
     2: "a020d00e9910ac9fdfb94ead34fc511c964941fb1fda0cc6f6e2ac2350ef8707",
     3: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
     4: "368c0c7ac1306875b5acaefe618d3274e98b58e53daca8b5578b04e077e70665",
+    ERASABLE_VERSION: "b4486267e2fce49513235fbb8a14d5843c4ee80a2389b9ccf273bce20d52a51f",
 }
 
 _ANY = re.compile(r"CHECK \(\((\w+) = ANY \(ARRAY\[([^\]]*)\]\)\)\)")
@@ -92,12 +93,7 @@ def checked_enumerations(schema: str) -> Iterator[tuple[tuple[str, str], frozens
 
 @pytest.fixture
 def built(postgres: Database) -> str:  # noqa: F811
-    assert pg_migrate(postgres.uri, postgres.password) == [
-        "initial",
-        "read-side",
-        "raw-last",
-        "bounces",
-    ]
+    assert pg_migrate(postgres.uri, postgres.password) == [m.name for m in MIGRATIONS]
     return pg_schema_of(postgres.uri, postgres.password)
 
 
@@ -157,18 +153,16 @@ def test_every_sqlite_column_has_its_twin(built: str, tmp_path: Path) -> None:
 def test_migrating_again_applies_nothing_and_a_newer_store_is_refused(
     postgres: Database,  # noqa: F811
 ) -> None:
-    assert pg_migrate(postgres.uri, postgres.password) == [
-        "initial",
-        "read-side",
-        "raw-last",
-        "bounces",
-    ]
+    names = [m.name for m in MIGRATIONS]
+    assert names[-1] == "erasable"
+    assert pg_migrate(postgres.uri, postgres.password) == names
     assert pg_migrate(postgres.uri, postgres.password) == []
     with connect(postgres.uri, postgres.password) as conn:
-        assert recorded(conn) == {1: "initial", 2: "read-side", 3: "raw-last", 4: "bounces"}
-    newer = (*MIGRATIONS, Migration(5, "later", "SELECT 1"))
+        assert recorded(conn) == {m.version: m.name for m in MIGRATIONS}
+    last = MIGRATIONS[-1].version
+    newer = (*MIGRATIONS, Migration(last + 1, "later", "SELECT 1"))
     assert pg_migrate(postgres.uri, postgres.password, migrations=newer) == ["later"]
-    with pytest.raises(StoreError, match="newer than version 4 this masd knows"):
+    with pytest.raises(StoreError, match=f"newer than version {last} this masd knows"):
         pg_migrate(postgres.uri, postgres.password)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from support.postgres import postgres, postgres_server  # noqa: F401
 
 from masd.core.engine import CaseView
-from masd.store import Store, cases, open_store, outbox, retention
+from masd.store import Store, cases, entries, open_store, outbox, retention
 from masd.store.handoffs import NewHandoff, open_handoff
 from masd.store.outbox import NewRow
 from masd.store.pg_backend import PgStore
@@ -76,3 +77,36 @@ def test_expired_cases_and_their_removal(backend: Backend) -> None:
     )
     assert left == (3, 0)
     assert backend.write_sync(lambda tx: retention.purge_send_log(tx, 50.0, 10)) == 0
+
+
+def test_an_erased_case_leaves_one_entry_past_its_own(backend: Backend) -> None:
+    def fill(tx: Tx) -> None:
+        _case(tx, "keep", 10.0)
+        _case(tx, "gone", 11.0)
+        open_handoff(tx, NewHandoff("h1", "gone", "support", "peer", 500.0, False, None, {}), 12.0)
+        append_thread(tx, "gone", "mail.out", {"n": 2}, at=13.0)  # the store's latest entry
+        row = NewRow("contract", "q1", "peer", "gone", "http://x/", {"type": "t", "id": "m1"})
+        outbox.queue(tx, row, 1.0, 100.0)
+
+    backend.write_sync(fill)
+    before = backend.read_sync(lambda tx: entries.events(tx, 0, 10))
+    assert [(e.case_key, e.kind) for e in before][-1] == ("gone", "mail.out")
+    assert backend.write_sync(lambda tx: retention.erase_case(tx, "nobody", 14.0)) is None
+    erased_at = backend.write_sync(lambda tx: retention.erase_case(tx, "gone", 14.0))
+    assert erased_at is not None
+    counts, pos = erased_at
+    assert (counts["cases"], counts["handoffs"], counts["thread"], counts["outbox"]) == (1, 1, 2, 1)
+    after = backend.read_sync(lambda tx: entries.events(tx, 0, 10))
+    assert [(e.case_key, e.kind) for e in after] == [("keep", "mail.in"), ("gone", "case.erased")]
+    erased = after[-1]
+    assert erased.address == "gone@example.org"
+    assert json.loads(erased.data) == {"address": "gone@example.org"}
+    # Its position is past every one the case had, the latest included.
+    assert erased.pos == pos > before[-1].pos
+    # A cursor among the erased entries goes on from the next entry there is.
+    inside = before[1].pos
+    assert [e.kind for e in backend.read_sync(lambda tx: entries.events(tx, inside, 10))] == [
+        "case.erased"
+    ]
+    left = backend.read_sync(lambda tx: value(tx, "SELECT COUNT(*) FROM cases"))
+    assert left == 1

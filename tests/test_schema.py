@@ -26,6 +26,7 @@ from masd.core import kinds
 from masd.core.engine import Status, Thread
 from masd.core.status import MACHINE
 from masd.store import MIGRATIONS, migrate
+from masd.store.schema import ERASABLE_VERSION
 
 EXPECTED = Path(__file__).parent / "expected_schema.sql"
 
@@ -36,6 +37,7 @@ RELEASED = {
     2: "876c6b05b66740f097896d66e20d05da3c59ec1209bbc84c020e35b3da987b31",
     3: "1bcedcdf8b0b19a6a9ff731c45a15cb4a54d10433423e0c2f82e6e2cb06efc49",
     4: "f3bcdc266d3a32aaedf0d6e382e47ce10e5b19bacb927a883fbb43390fe8c79d",
+    ERASABLE_VERSION: "2c9e91c474044cdb61d3108ee3eb8f4872b140624ae972669aff14776bef3302",
 }
 
 _CHECK_IN = re.compile(r"CHECK \((\w+) IN \(([^)]*)\)\)")

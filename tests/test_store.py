@@ -539,7 +539,8 @@ def test_schema_constraints(store: Store) -> None:
     with pytest.raises(StoreError, match="FOREIGN KEY"):
         store.write_sync(
             lambda db: db.execute(
-                "INSERT INTO thread (case_key, seq, kind, at) VALUES ('nope', 1, 'mail.in', 1.0)"
+                "INSERT INTO handoffs (handoff_id, case_key, mode, status, requested_at) "
+                "VALUES ('h', 'nope', 'support', 'requested', 1.0)"
             )
         )
     with pytest.raises(StoreError, match="cannot store TEXT value in REAL column"):

@@ -12,6 +12,7 @@ from masd.cli.common import CONFIG as _CONFIG
 from masd.cli.common import DEFAULT_CONFIG
 from masd.cli.common import load as _load
 from masd.cli.db import backup_database, db_copy, migrate_database
+from masd.cli.erase import case_erase
 from masd.cli.mail import intake, message
 from masd.cli.reload import PID_FILE, reload
 from masd.cli.suppress import suppress
@@ -312,5 +313,6 @@ def conformance_coverage(flows_dir: Path | None) -> None:
 conformance.add_command(peer)  # masd conformance peer mode|master (masd/conformance/peer)
 
 # The operator's view (docs/operations.md, "Watching masd").
+case.add_command(case_erase)
 for _command in (case, message, intake, tail, queue, explain, reload, suppress):
     main.add_command(_command)

@@ -21,6 +21,7 @@ ThreadKind = Literal[
     "contract.in",
     "contract.out",
     "delivery.failed",
+    "case.erased",
     "mail.bounced",
 ]
 THREAD_KINDS: Final = frozenset(get_args(ThreadKind))

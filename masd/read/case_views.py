@@ -121,8 +121,13 @@ def entry_json(
 
 
 def row_json(row: EntryRow) -> dict[str, Any]:
-    """:func:`entry_json` of a stored entry."""
-    return entry_json(row.seq, row.kind, row.at, json.loads(row.data), row.delivery)
+    """:func:`entry_json` of a stored entry.
+
+    A ``case.erased`` entry's data holds its case's address, which the event
+    already names (``case``): the entry itself is its ``seq``, ``kind`` and ``at``.
+    """
+    data = {} if row.kind == "case.erased" else json.loads(row.data)
+    return entry_json(row.seq, row.kind, row.at, data, row.delivery)
 
 
 #: What the read side says of a row withdrawn without an error of its own.

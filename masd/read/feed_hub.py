@@ -123,6 +123,9 @@ class FeedHub:
         self.started = False
         #: The SSE bytes of the latest read's events, and the ``head`` before them.
         self._batch: tuple[int, bytes] = (0, b"")
+        #: Erased cases (key: the position of its case.erased entry) whose older events
+        #: a read begun before the erase may still bring: they are left out.
+        self._erased: dict[str, int] = {}
         self._news = asyncio.Event()
         self._replay = asyncio.Lock()
         self.reads = 0  # store reads of new events (the hub's own)
@@ -185,13 +188,37 @@ class FeedHub:
             self._append(found.items)
         return len(found.items) >= MAX_EVENTS
 
+    def forget(self, case_key: str, upto: int) -> None:
+        """Case ``case_key`` was erased, its ``case.erased`` entry at ``upto``: the
+        tail lets go of the case's events before it, and leaves out any a read
+        still brings."""
+        self._erased[case_key] = upto
+        kept = [i for i in self._items if not self._gone(i)]
+        if len(kept) == len(self._items):
+            return
+        self._items, self._pos = kept, [i.pos for i in kept]
+        self._bytes = sum(len(i.sse) for i in kept)
+        self._batch = (self.head, b"")  # followers take what is left one by one
+
+    def _gone(self, item: Encoded) -> bool:
+        upto = self._erased.get(item.case_key)
+        return upto is not None and item.pos < upto
+
     def _append(self, items: list[Encoded]) -> None:
-        before = self.head
+        before, head = self.head, items[-1].pos
+        if self._erased:
+            items = [i for i in items if not self._gone(i)]
+            self._erased = {k: p for k, p in self._erased.items() if p > head}
+        if not items:
+            self.head = head
+            self._batch = (head, b"")
+            self._publish()
+            return
         for item in items:
             self._pos.append(item.pos)
             self._items.append(item)
             self._bytes += len(item.sse)
-        self.head = items[-1].pos
+        self.head = head
         self._batch = (before, b"".join(i.sse for i in items))
         self._trim(keep=len(items))
         self._publish()

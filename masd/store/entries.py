@@ -6,6 +6,11 @@ so a reader never sees a ``pos`` without every smaller one: the event feed
 pages by it, and the case list orders cases by the ``pos`` of their latest
 entry.
 
+A ``case.erased`` entry is all that is left of an erased case
+(:func:`masd.store.retention.erase_case`): its case's row is gone, so the
+entries are read with a ``LEFT JOIN`` on ``cases`` and the address from the
+entry's data.
+
 A ``mail.out`` or ``contract.out`` entry names its outbox row
 (``outbox_id`` in its data); its delivery is read from that row, or from
 ``outbox_sent`` once housekeeping has deleted the delivered row.
@@ -57,11 +62,13 @@ class EntryRow:
 @cache
 def _entries(d: Dialect) -> str:
     outbox_id = d.json_int("t.data", "outbox_id")
+    # A case.erased entry outlives its case: the address is in its data.
+    address = f"COALESCE(c.address, {d.json_get('t.data', 'address')})"
     return (
-        "SELECT t.pos, t.case_key, c.address, t.seq, t.kind, t.at, t.data, "  # noqa: S608 - dialect words only
+        f"SELECT t.pos, t.case_key, {address}, t.seq, t.kind, t.at, t.data, "  # noqa: S608 - dialect words only
         "o.state, o.attempts, o.last_error, o.next_attempt_at, o.done_at, "
         "s.attempts, s.done_at, b.status, b.diagnostic, b.remote_mta "
-        "FROM thread t JOIN cases c ON c.key = t.case_key "
+        "FROM thread t LEFT JOIN cases c ON c.key = t.case_key "
         "LEFT JOIN outbox o ON t.kind IN ('mail.out', 'contract.out') "
         f"AND o.id = {outbox_id} "
         "LEFT JOIN outbox_sent s ON t.kind IN ('mail.out', 'contract.out') "

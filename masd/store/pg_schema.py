@@ -47,9 +47,9 @@ they build (``tests/expected_schema_pg.sql``).
 
 from __future__ import annotations
 
-from masd.store.schema import Migration
+from masd.store.schema import ERASABLE_VERSION, Migration
 
-__all__ = ["BOUNCES", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
+__all__ = ["BOUNCES", "ERASABLE", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
 
 #: Migration 1, as released.
 INITIAL = """
@@ -268,9 +268,19 @@ ALTER TABLE thread DROP CONSTRAINT thread_kind_check;
 ALTER TABLE thread ADD CONSTRAINT thread_kind_check CHECK (kind IN ('contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status'));
 """  # noqa: E501
 
+#: Migration 5, as released: what SQLite's migration 5 builds.  ``thread`` loses its foreign
+#: key to ``cases`` (a ``case.erased`` entry outlives its case) and its kinds take
+#: ``case.erased``; PostgreSQL changes both constraints in place.
+ERASABLE = """
+ALTER TABLE thread DROP CONSTRAINT thread_case_key_fkey;
+ALTER TABLE thread DROP CONSTRAINT thread_kind_check;
+ALTER TABLE thread ADD CONSTRAINT thread_kind_check CHECK (kind IN ('case.erased', 'contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status'));
+"""  # noqa: E501
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
     Migration(3, "raw-last", RAW_LAST),
     Migration(4, "bounces", BOUNCES),
+    Migration(ERASABLE_VERSION, "erasable", ERASABLE),
 )

@@ -14,7 +14,8 @@ out again (a client that saw it would then miss the next one).
 
 from __future__ import annotations
 
-from masd.store.sql import Tx, dialect, many, run, tuples, value
+from masd.store.backend import FEED_LOCK
+from masd.store.sql import Tx, dialect, dumps, many, run, tuples, value
 
 #: What :func:`remove_case` removes, table by table (its counts' keys).
 TABLES = ("statuses", "handoffs", "thread", "messages", "intakes", "outbox", "cases")
@@ -64,7 +65,9 @@ def remove_case(tx: Tx, key: str, *, keep_pending_contract: bool = False) -> dic
     )
     counts["handoffs"] = run(tx, "DELETE FROM handoffs WHERE case_key = ?", (key,))
     sent = _outbox_ids(tx, key)
-    counts["thread"] = run(tx, "DELETE FROM thread WHERE case_key = ?", (key,))
+    counts["thread"] = run(
+        tx, "DELETE FROM thread WHERE case_key = ? AND kind <> 'case.erased'", (key,)
+    )
     counts["messages"] = run(tx, "DELETE FROM messages WHERE case_key = ?", (key,))
     counts["intakes"] = run(tx, "DELETE FROM intakes WHERE case_key = ?", (key,))
     keep = " AND NOT (state = 'pending' AND kind = 'contract')" if keep_pending_contract else ""
@@ -77,6 +80,30 @@ def remove_case(tx: Tx, key: str, *, keep_pending_contract: bool = False) -> dic
     many(tx, "DELETE FROM outbox_sent WHERE id = ?", [(i,) for i in sorted(sent)])
     counts["cases"] = run(tx, "DELETE FROM cases WHERE key = ?", (key,))
     return counts
+
+
+def erase_case(tx: Tx, key: str, at: float) -> tuple[dict[str, int], int] | None:
+    """Remove case ``key`` with every row of it (:func:`remove_case`), leaving one
+    ``case.erased`` entry (the case's key, its address in the data); None if there
+    is no such case, else the rows removed per table and the entry's position.
+
+    The entry is written before the case's own entries go, so it takes a
+    position past all of theirs even when the case held the latest one (a
+    client that saw that one still sees the entry).
+    """
+    found = tuples(tx, "SELECT address, thread_seq FROM cases WHERE key = ?", (key,))
+    if not found:
+        return None
+    address, seq = str(found[0][0]), int(found[0][1])
+    if dialect(tx).lock_rows:
+        tuples(tx, f"SELECT pg_advisory_xact_lock({FEED_LOCK})")
+    run(
+        tx,
+        "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, 'case.erased', ?, ?)",
+        (key, seq + 1, float(at), dumps({"address": address})),
+    )
+    pos = int(value(tx, "SELECT pos FROM thread WHERE case_key = ? AND seq = ?", (key, seq + 1)))
+    return remove_case(tx, key), pos
 
 
 def _outbox_ids(tx: Tx, key: str) -> set[int]:

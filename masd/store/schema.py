@@ -345,9 +345,40 @@ INSERT INTO thread (pos, case_key, seq, kind, at, data)
 DROP TABLE thread_v2;
 """  # noqa: E501
 
+#: The version of the migration :data:`ERASABLE` (on both backends).
+ERASABLE_VERSION = 5
+
+#: Migration 5, as released: a case can be erased, leaving one ``case.erased`` entry.
+#:
+#: The entry stays in the feed after its case's row is gone, so ``thread``
+#: loses its foreign key to ``cases`` (the store removes a case's entries
+#: itself, :mod:`masd.store.retention`) and its kinds take ``case.erased``.
+#: SQLite changes neither with ``ALTER TABLE``: the table is built anew
+#: (create, copy, drop, rename), every entry at the position it had.  No
+#: table refers to ``thread``, and no trigger, view or named index names it.
+ERASABLE = """
+CREATE TABLE thread_v5 (
+    pos      INTEGER PRIMARY KEY,
+    case_key TEXT NOT NULL,
+    seq      INTEGER NOT NULL CHECK (seq >= 1),
+    kind     TEXT NOT NULL CHECK (kind IN ('case.erased', 'contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status')),
+    at       REAL NOT NULL,
+    data     TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
+    UNIQUE (case_key, seq)
+) STRICT;
+
+INSERT INTO thread_v5 (pos, case_key, seq, kind, at, data)
+    SELECT pos, case_key, seq, kind, at, data FROM thread ORDER BY pos;
+
+DROP TABLE thread;
+
+ALTER TABLE thread_v5 RENAME TO thread;
+"""  # noqa: E501
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
     Migration(3, "raw-last", RAW_LAST),
     Migration(4, "bounces", BOUNCES),
+    Migration(ERASABLE_VERSION, "erasable", ERASABLE),
 )

@@ -431,4 +431,16 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         ("unknown-intake", "wrong-state"),
         (_INTAKE_REF,),
     ),
+    Operation(
+        "POST",
+        _CASES + "/{key}/erase",
+        "Erase one case",
+        "The case's mail, thread, handoffs and outbox rows are removed at once; an open "
+        "handoff is cancelled first (`handoff.cancel`, reason `erased`), and the event feed "
+        "keeps one `case.erased` entry (docs/protocol.md §16.11). No body.",
+        "admin",
+        (Answer(200, "Erased: the rows removed, per table.", ref("Erased")),),
+        ("unknown-case",),
+        (_KEY,),
+    ),
 )

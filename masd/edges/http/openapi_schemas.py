@@ -265,5 +265,6 @@ def answer_schemas() -> dict[str, Schema]:
         "Message": _obj({"message": _MESSAGE}),
         "Intakes": _obj({"intakes": {"type": "array", "items": _INTAKE}, "next": _STR}),
         "Resent": _obj({"ok": _OK, "intake_ref": _STR, "id": _STR, "outbox_id": _INT}),
+        "Erased": _obj({"ok": _OK, "erased": {"type": "object", "additionalProperties": _INT}}),
         "OpenApi": {"type": "object", "required": ["openapi"], "properties": {"openapi": _STR}},
     }
