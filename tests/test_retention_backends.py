@@ -2,42 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from support.postgres import postgres, postgres_server  # noqa: F401
+from test_store_backends import Backend, backend  # noqa: F401
 
 from masd.core.engine import CaseView
-from masd.store import Store, cases, entries, open_store, outbox, retention
+from masd.store import cases, entries, outbox, retention
 from masd.store.handoffs import NewHandoff, open_handoff
 from masd.store.outbox import NewRow
-from masd.store.pg_backend import PgStore
 from masd.store.sql import Tx, value
 from masd.store.thread import append_thread
-
-Backend = Store | PgStore
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "sqlite":
-        with Store.open(tmp_path / "masd.db") as store:
-            yield store
-        return
-    try:
-        importlib.import_module("masd.store.pg_admin")
-    except ImportError:
-        if os.environ.get("MASD_REQUIRE_SYSTEM_TESTS"):
-            raise
-        pytest.skip("the PostgreSQL schema is not in this tree")
-    uri = request.getfixturevalue("postgres").socket_uri
-    with open_store(uri) as store:
-        assert isinstance(store, PgStore)
-        yield store
 
 
 def _case(tx: Tx, key: str, at: float) -> None:
@@ -47,7 +22,7 @@ def _case(tx: Tx, key: str, at: float) -> None:
     append_thread(tx, key, "mail.in", {"n": 1}, at=at)
 
 
-def test_expired_cases_and_their_removal(backend: Backend) -> None:
+def test_expired_cases_and_their_removal(backend: Backend) -> None:  # noqa: F811
     def fill(tx: Tx) -> None:
         _case(tx, "old", 10.0)
         _case(tx, "open", 10.0)
@@ -79,7 +54,7 @@ def test_expired_cases_and_their_removal(backend: Backend) -> None:
     assert backend.write_sync(lambda tx: retention.purge_send_log(tx, 50.0, 10)) == 0
 
 
-def test_an_erased_case_leaves_one_entry_past_its_own(backend: Backend) -> None:
+def test_an_erased_case_leaves_one_entry_past_its_own(backend: Backend) -> None:  # noqa: F811
     def fill(tx: Tx) -> None:
         _case(tx, "keep", 10.0)
         _case(tx, "gone", 11.0)
