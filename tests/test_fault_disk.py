@@ -161,7 +161,11 @@ async def play(
     await asyncio.gather(*(h.run() for h in before))
     assert all(h.replies == [] for h in before), "the store was healthy"
     await ep.peer.wait_for(CASES, WAIT)  # handoff.requests, held by the endpoint
-    await wait_until(lambda: len(ep.sink.refused) == 2 * CASES, "every acknowledgement refused")
+    # Each refusal is retried behind the relay's circuit, whose pause grows (up to about 10 s
+    # each): on a loaded machine the twelve refusals take longer than one ordinary wait.
+    await wait_until(
+        lambda: len(ep.sink.refused) == 2 * CASES, "every acknowledgement refused", timeout=4 * WAIT
+    )
 
     loop = asyncio.get_running_loop()
     began = loop.time()
