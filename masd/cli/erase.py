@@ -14,7 +14,7 @@ from urllib.parse import quote
 import click
 
 from masd.cli.common import CONFIG, load
-from masd.cli.watch import _read_store
+from masd.cli.watch import _offline_runtime, _read_store
 
 if TYPE_CHECKING:
     from masd.cli.admin_client import Answer
@@ -54,14 +54,10 @@ def case_erase(config_file: Path, key: str) -> None:
 
 def _erase_in_store(config: Config, key: str) -> Answer:
     """The erase as one job on the store (no masd running)."""
-    import secrets
-
     from masd.cli.admin_client import Answer
-    from masd.clock import Clock
-    from masd.service import Runtime
     from masd.service import erase as erasing
 
-    rt, now = Runtime(config, lambda: secrets.token_hex(16)), Clock().now()
+    rt, now = _offline_runtime(config)
     with _read_store(config) as store:
         try:
             done = store.write_sync(lambda tx: erasing.erase(rt, tx, key, now))

@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 from masd.cli.common import CONFIG, load
-from masd.cli.watch import _json, _read_store
+from masd.cli.watch import _json, _offline_runtime, _read_store
 
 if TYPE_CHECKING:
     from masd.cli.admin_client import Answer
@@ -183,13 +183,10 @@ def intake_resend(config_file: Path, ref: str) -> None:
 
 
 def _resend_in_store(config: Config, ref: str) -> Answer:
-    import secrets
-
     from masd.cli.admin_client import Answer
-    from masd.clock import Clock
-    from masd.service import Runtime, intakes
+    from masd.service import intakes
 
-    rt, now = Runtime(config, lambda: secrets.token_hex(16)), Clock().now()
+    rt, now = _offline_runtime(config)
     with _read_store(config) as store:
         try:
             done = store.write_sync(lambda tx: intakes.resend(rt, tx, ref, now))

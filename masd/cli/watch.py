@@ -22,6 +22,7 @@ from masd.cli.common import CONFIG, DEFAULT_CONFIG, load
 if TYPE_CHECKING:
     from masd.cli.admin_client import Answer
     from masd.config import Config
+    from masd.service import Runtime
     from masd.store import StoreHandle, Tx
 
 #: How often ``masd tail --follow`` looks for new events.
@@ -41,6 +42,17 @@ def _read_store(config: Config) -> StoreHandle:
     except MasdError as exc:
         click.echo(f"masd: {exc}", err=True)
         raise SystemExit(1) from None
+
+
+def _offline_runtime(config: Config) -> tuple[Runtime, float]:
+    """What a change made in the store itself (no masd running) runs with: a runtime
+    giving fresh random ids, and the time now."""
+    import secrets
+
+    from masd.clock import Clock
+    from masd.service import Runtime
+
+    return Runtime(config, lambda: secrets.token_hex(16)), Clock().now()
 
 
 def _one_case(store: StoreHandle, name: str) -> str:
@@ -341,15 +353,11 @@ def _change(config: Config, what: str, item_id: int | None) -> None:
 
 def _change_in_store(config: Config, what: str, item_id: int | None) -> Answer:
     """The change of :func:`_change` as one job on the store (no masd running)."""
-    import secrets
-
     from masd.cli.admin_client import Answer
-    from masd.clock import Clock
     from masd.read.queue_items import item_json
-    from masd.service import Runtime
     from masd.service import queue_actions as q
 
-    rt, now = Runtime(config, lambda: secrets.token_hex(16)), Clock().now()
+    rt, now = _offline_runtime(config)
     with _read_store(config) as store:
         try:
             if item_id is None:
