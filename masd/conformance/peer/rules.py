@@ -41,15 +41,18 @@ class Verdict:
 Rule = Callable[[Evidence], Verdict]
 
 
-def _statuses(ev: Evidence) -> list[Post]:
-    handoff = ev.message.get("handoff_id")
+def _posts_about(ev: Evidence, kind: str, key: str) -> list[Post]:
+    """The peer's posts of type ``kind`` whose ``key`` field is the stand-in message's."""
+    wanted = ev.message.get(key)
     return [
         p
         for p in ev.posts
-        if isinstance(p.json, dict)
-        and p.json.get("type") == "handoff.status"
-        and p.json.get("handoff_id") == handoff
+        if isinstance(p.json, dict) and p.json.get("type") == kind and p.json.get(key) == wanted
     ]
+
+
+def _statuses(ev: Evidence) -> list[Post]:
+    return _posts_about(ev, "handoff.status", "handoff_id")
 
 
 def _show_statuses(posts: list[Post]) -> str:
@@ -122,14 +125,7 @@ def no_status(ev: Evidence) -> Verdict:
 
 
 def _assigns(ev: Evidence) -> list[Post]:
-    ref = ev.message.get("intake_ref")
-    return [
-        p
-        for p in ev.posts
-        if isinstance(p.json, dict)
-        and p.json.get("type") == "case.assign"
-        and p.json.get("intake_ref") == ref
-    ]
+    return _posts_about(ev, "case.assign", "intake_ref")
 
 
 def _show_assigns(posts: list[Post]) -> str:
