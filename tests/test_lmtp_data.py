@@ -242,3 +242,40 @@ def test_unstuffing_window_by_window_is_one_replace_over_the_whole(
     body = bytearray(b"\r\n" + data + b"\r\n.\r\n")
     expected = bytes(body[:-3]).replace(b"\r\n.", b"\r\n")[2:]
     assert unstuff(body, window) == expected
+
+
+class _CountingReader(asyncio.StreamReader):
+    """A stream reader that counts the reads made of it."""
+
+    reads = 0
+
+    async def read(self, n: int = -1) -> bytes:
+        self.reads += 1
+        return await super().read(n)
+
+    async def readexactly(self, n: int) -> bytes:
+        self.reads += 1
+        return await super().readexactly(n)
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:
+        self.reads += 1
+        return await super().readuntil(separator)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"\r\n" * 131_072, b"Subject: x\r\n" + b"\r\n" * 131_072, b"..\r\n" * 65_536],
+    ids=["blank lines", "blank lines after a header", "dot lines"],
+)
+def test_data_is_read_in_a_few_reads_whatever_its_lines(body: bytes) -> None:
+    # Reading exactly up to each possible end took one read per blank line
+    # (65,536 for 256 KiB) and held the event loop for seconds.
+    async def main() -> None:
+        reader = _CountingReader(limit=LINE_LIMIT)
+        reader.feed_data(body + b".\r\n" + NEXT)
+        data = await read_data(reader, None)
+        assert data.content == body.replace(b"\r\n..", b"\r\n.").removeprefix(b".")
+        assert await reader.readexactly(len(NEXT)) == NEXT
+        assert reader.reads == 2, reader.reads  # the data, then what followed it
+
+    asyncio.run(main())

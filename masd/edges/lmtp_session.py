@@ -17,7 +17,8 @@ in :class:`LmtpProtocol`:
   (the email package's header parser, and a class defined per call) took a
   quarter of masd's CPU at intake, and still reads every other form;
 - the message after DATA is read in large pieces up to the end-of-data line
-  (:func:`read_data`), not one line per ``await`` as aiosmtpd does, with the
+  (:func:`read_data`), not one line per ``await`` as aiosmtpd does, in time
+  linear in its length whatever its lines, with the
   same size limit; a line of the data may be of any length (aiosmtpd refuses
   one over 1000 octets: masd never refuses a mail for its content,
   docs/protocol.md §3), while a command line keeps aiosmtpd's limits;
@@ -33,7 +34,9 @@ text.
 
 aiosmtpd's private names (underscore attributes and methods) that this
 module overrides or reads are listed in :data:`PRIVATE_METHODS` and
-:data:`PRIVATE_ATTRIBUTES`; no other module of masd uses any.
+:data:`PRIVATE_ATTRIBUTES`; no other module of masd uses any.  Of asyncio's,
+:func:`read_data` puts back what it read past the data through a stream
+reader's buffer.
 :func:`missing_private_names` checks them against the installed aiosmtpd
 (the version range in pyproject.toml is the one it was checked with).
 """
@@ -142,6 +145,9 @@ _END: Final = b"\r\n.\r\n"
 LINE_LIMIT: Final = 1001
 
 
+#: Most octets one read of the data takes: more than a stream reader ever holds (a
+#: transport hands it at most 256 KiB at a time and pauses past twice its limit).
+READ_PIECE: Final = 1 << 24
 #: How much of the message :func:`unstuff` copies at a time.
 UNSTUFF_WINDOW: Final = 1 << 20
 
@@ -155,14 +161,6 @@ class Data:
     #: The data's octets as the size limit counts them (aiosmtpd's count:
     #: dots still stuffed, the end-of-data line off); aiosmtpd does not say it.
     size: int = field(default=0, compare=False)
-
-
-def _partial_end(tail: bytes | bytearray) -> int:
-    """How many octets at the end of ``tail`` begin the end-of-data sequence."""
-    for size in (4, 3, 2, 1):
-        if tail[-size:] == _END[:size]:
-            return size
-    return 0
 
 
 def unstuff(body: bytearray, window: int = UNSTUFF_WINDOW) -> bytes:
@@ -196,44 +194,56 @@ def unstuff(body: bytearray, window: int = UNSTUFF_WINDOW) -> bytes:
 
 
 async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Data:
-    """Read mail data up to the end-of-data line, in pieces as large as the buffer.
+    """Read mail data up to the end-of-data line, in pieces as large as the reader holds.
 
-    The stream is read as if a CR LF came before it (the DATA command's own
-    line end), so data that is only "." is an empty message.  Nothing after
-    the end-of-data line is consumed: a pipelining client's next command
-    stays in the reader.  More than ``size_limit`` octets is ``too_much``,
-    counted as aiosmtpd counts, and refused data is still read to its end
-    but not kept.  Lines may be of any length: the reader's limit only sets
-    the size of the pieces read.  A leading dot is removed from each line
-    (:func:`unstuff`).
+    The data is searched as if a CR LF came before it (the DATA command's own
+    line end), so data that is only "." is an empty message.  Each read takes
+    all the reader holds (:data:`READ_PIECE`), and the end-of-data sequence is
+    looked for in what was read, from where the last search stopped: a
+    sequence split between two reads is found, and any data costs one search
+    over its length, blank lines included (reading exactly up to each possible
+    end, as a stream reader's ``readuntil`` would need, took one read per
+    blank line).  What was read past the end-of-data line (a pipelining
+    client's next command) is put back in front of the reader's buffer
+    (:func:`_give_back`).  More than ``size_limit`` octets is ``too_much``,
+    counted as aiosmtpd counts, and refused data is still read to its end but
+    not kept.  Lines may be of any length.  A leading dot is removed from each
+    line (:func:`unstuff`).
     """
     body = bytearray(b"\r\n")
-    size = 0  # octets read after the leading CR LF
-    refused = False
+    dropped = 0  # octets let go from the front of body (data over the size limit)
+    searched = 0  # no end-of-data sequence starts in body before this offset
     while True:
-        partial = _partial_end(body)
-        if partial:
-            # What was read may end inside the end-of-data sequence: read
-            # exactly the rest of it, never beyond.
-            piece = await reader.readexactly(len(_END) - partial)
-        else:
-            try:
-                piece = await reader.readuntil(_END)
-            except asyncio.LimitOverrunError as exc:
-                piece = await reader.read(exc.consumed)
+        piece = await reader.read(READ_PIECE)
+        if not piece:
+            raise asyncio.IncompleteReadError(bytes(body), None)
         body += piece
-        size += len(piece)
-        ended = body.endswith(_END)
-        if not refused and size_limit and size - 3 > size_limit:
-            refused = True
-        if ended:
+        end = body.find(_END, searched)
+        if end >= 0:
             break
-        if refused:
-            # Keep only what finding the end-of-data sequence needs.
-            del body[: -(len(_END) - 1)]
-    if refused:
-        return Data(too_much=True, size=size - 3)
-    return Data(content=unstuff(body), size=size - 3)
+        searched = max(0, len(body) - (len(_END) - 1))
+        if size_limit and dropped + searched > size_limit + len(_END):
+            # Over the limit: keep only what finding the end-of-data sequence needs.
+            del body[:searched]
+            dropped += searched
+            searched = 0
+    _give_back(reader, body[end + len(_END) :])
+    size = dropped + end  # aiosmtpd's count: dots still stuffed, the end line off
+    if dropped or (size_limit and size > size_limit):
+        return Data(too_much=True, size=size)
+    del body[end + len(_END) :]
+    return Data(content=unstuff(body), size=size)
+
+
+def _give_back(reader: asyncio.StreamReader, excess: bytearray) -> None:
+    """Put ``excess`` back in front of what ``reader`` holds, to be read next.
+
+    ``feed_data`` would put it behind, and is refused once the peer closed;
+    the reader's buffer (a private name, checked at start by
+    :func:`missing_private_names`) takes it in front in both cases."""
+    if excess:
+        held: bytearray = reader._buffer  # type: ignore[attr-defined]
+        held[0:0] = excess
 
 
 class LmtpProtocol(LMTP):
@@ -411,6 +421,8 @@ async def missing_private_names(
     session, connected over a socket pair (aiosmtpd sets them on connect).
     """
     missing = [f"SMTP.{n}" for n in methods if not callable(getattr(LMTP, n, None))]
+    if not isinstance(getattr(asyncio.StreamReader(), "_buffer", None), bytearray):
+        missing.append("asyncio.StreamReader()._buffer")  # read_data gives back through it
     loop = asyncio.get_running_loop()
     ours, theirs = socket.socketpair()
     sessions: list[SMTP] = []
