@@ -299,6 +299,7 @@ class App:
                 await self.listening.milter.close()
             self.listening.lmtp.close()
             await self._drain_lmtp()
+            await self.lmtp_handler.close()
             await self.listening.http.close()
         if self.store is not None:
             self._housekeeper.cancel()

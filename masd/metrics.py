@@ -49,9 +49,14 @@ COUNTERS: Final[Mapping[str, tuple[str, tuple[Labels, ...]]]] = {
                 "too-big",
                 "line-too-long",
                 "fault",
+                "busy",
                 "too-many-sessions",
             )
         ),
+    ),
+    "masd_bounce_reads_total": (
+        "Mails to bounce addresses read by the bounce reader, by outcome.",
+        _each(outcome=("bounce", "no-bounce", "over-budget", "busy")),
     ),
     "masd_messages_total": (
         "Messages recorded, by DMARC verdict (absent: no trusted A-R).",

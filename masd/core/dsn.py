@@ -31,6 +31,10 @@ __all__ = ["BounceReport", "read_bounce"]
 
 #: How much of a mail is read: a bounce puts its report before the returned message.
 READ_BYTES: Final = 1024 * 1024
+#: How much of a mail the non-standard detectors read.  They run their patterns over
+#: every line (flufl.bounce's ``simplematch``: about 50 µs a line, so 16 KiB of blank
+#: lines cost a second), and the bounces they know say who failed in their first lines.
+HEURISTIC_BYTES: Final = 32 * 1024
 MAX_DIAGNOSTIC: Final = 1000
 MAX_MTA: Final = 255
 MAX_RECIPIENT: Final = 320
@@ -50,6 +54,29 @@ class BounceReport:
     @property
     def permanent(self) -> bool:
         return self.status.startswith("5")
+
+    def to_json(self) -> dict[str, str | None]:
+        return {
+            "recipient": self.recipient,
+            "status": self.status,
+            "diagnostic": self.diagnostic,
+            "remote_mta": self.remote_mta,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, str | None]) -> BounceReport:
+        """The report :meth:`to_json` wrote (another process's reading)."""
+        status = data.get("status")
+        if not isinstance(status, str) or not _STATUS_RE.fullmatch(status):
+            raise ValueError(f"bounce report: status {status!r} is no RFC 3463 code")
+        fields = (data.get(k) for k in ("recipient", "diagnostic", "remote_mta"))
+        recipient, diagnostic, remote_mta = (v if isinstance(v, str) else None for v in fields)
+        return cls(
+            _clip(recipient, MAX_RECIPIENT),
+            status,
+            _clip(diagnostic, MAX_DIAGNOSTIC),
+            _clip(remote_mta, MAX_MTA),
+        )
 
 
 def _clip(text: str | None, limit: int) -> str | None:
@@ -164,14 +191,19 @@ def _is_report(msg: Message) -> bool:
 def read_bounce(raw: bytes) -> BounceReport | None:
     """What a bounce reports, or None when ``raw`` is no bounce (or reports no failure).
 
-    Only the first :data:`READ_BYTES` are read (a bounce's report comes before the message
-    it returns), so a large mail costs no more than a large bounce.
+    Only the first :data:`READ_BYTES` are read for a report (a bounce's report comes
+    before the message it returns), and the first :data:`HEURISTIC_BYTES` by the
+    detectors of the other forms, so a large mail costs no more than a large bounce.
+    The detectors' cost is still seconds on hostile lines: masd runs this in a process
+    of its own, within a time budget (:mod:`masd.edges.bounce_reader`).
     """
     msg = email.message_from_bytes(raw[:READ_BYTES])
     if _is_report(msg):
         found = _from_report(msg)
         if found is not None:
             return found
+    if len(raw) > HEURISTIC_BYTES:
+        msg = email.message_from_bytes(raw[:HEURISTIC_BYTES])
     try:
         return _from_heuristics(msg)
     except Exception:  # noqa: BLE001 - a detector tripping on odd mail: no bounce found

@@ -32,6 +32,7 @@ from masd.core.bounce import split_bounce
 from masd.core.errors import AddressError, MasdError
 from masd.core.event import ParsedMail, build_event
 from masd.edges.accept import AcceptServer
+from masd.edges.bounce_reader import BounceReader, Busy
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
 from masd.edges.lmtp_replies import (
@@ -116,6 +117,7 @@ class LmtpHandler:
         self.size_limit = server.max_message_bytes
         self._inflight: set[asyncio.Task[str]] = set()
         self.trust_watch = TrustWatch(ctx.metrics, server.trusted_authserv_ids)
+        self.bounces = BounceReader(ctx.metrics)
 
     # -- aiosmtpd hooks -------------------------------------------------------
 
@@ -269,12 +271,14 @@ class LmtpHandler:
                     first.event, rcpt_to=rcpt, message_ref=new_message_ref(now)
                 )
                 mail = dataclasses.replace(first, event=event)
-            bounce = await self._read_bounce(rcpt, raw)
+            bounce = await self._read_bounce(rcpt, mail, raw, sha, now)
             done = await self.store.write(
                 lambda db: service.deliver(self.rt, db, addr, mail, raw, sha, now, bounce)
             )
         except UnknownCase as exc:
             reply, text = Replies.UNKNOWN_CASE, exc.detail
+        except (Busy, bounce_mail.NotRead) as exc:
+            reply, text = Replies.BUSY, exc.detail
         except AddressError as exc:
             reply, text = address_refusal(exc), exc.detail
         except StoreError as exc:  # one line: masd.store logs the cause once
@@ -308,13 +312,16 @@ class LmtpHandler:
         self.metrics.inc(METRIC, outcome=reply.outcome)
         return reply.line(text), None
 
-    async def _read_bounce(self, rcpt: str, raw: bytes) -> bounce_mail.Read | None:
-        """For a bounce address, the mail read as a bounce, off the store's writer thread."""
+    async def _read_bounce(
+        self, rcpt: str, mail: ParsedMail, raw: bytes, sha: str, now: float
+    ) -> bounce_mail.Read | None:
+        """For a bounce address, the mail read as a bounce (in the bounce reader's own
+        process), unless it is recorded already: a repeat costs no reading."""
         if split_bounce(rcpt, self.rt.config.server.recipient_delimiter) is None:
             return None
-        if len(raw) >= THREAD_PARSE_BYTES:
-            return await asyncio.to_thread(bounce_mail.read, raw)
-        return bounce_mail.read(raw)
+        if await self.store.read(lambda tx: service.already_recorded(tx, mail, sha, now)):
+            return bounce_mail.Read(None, unread=bounce_mail.SKIPPED)
+        return await self.bounces.read(raw)
 
     @property
     def in_flight(self) -> int:
@@ -325,6 +332,10 @@ class LmtpHandler:
         """Wait until every recording in flight has finished (for shutdown)."""
         while self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def close(self) -> None:
+        """After the last recording: end the bounce reader's process."""
+        await self.bounces.close()
 
 
 def check_address(config: Config, rcpt: str) -> tuple[ReplyCode, str, Address | None]:

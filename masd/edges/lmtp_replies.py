@@ -42,6 +42,7 @@ class Replies:
     UNKNOWN_CASE: Final = ReplyCode(550, "5.1.1", "unknown-case")
     TOO_BIG: Final = ReplyCode(552, "5.3.4", "too-big")
     FAULT: Final = ReplyCode(451, "4.3.0", "fault")
+    BUSY: Final = ReplyCode(451, "4.3.2", "busy")
     TOO_MANY_SESSIONS: Final = ReplyCode(421, "4.3.2", "too-many-sessions")
 
 

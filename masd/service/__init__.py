@@ -36,7 +36,7 @@ from masd.service.housekeeping import (
     purge,
     retire,
 )
-from masd.service.intake import DEDUPE_WINDOW, Delivered, dedupe_key, deliver
+from masd.service.intake import DEDUPE_WINDOW, Delivered, already_recorded, dedupe_key, deliver
 from masd.service.outbox import (
     backoff,
     next_outbox_at,
@@ -88,6 +88,7 @@ __all__ = [
     "Runtime",
     "UnknownCase",
     "Wakes",
+    "already_recorded",
     "apply",
     "backoff",
     "case_exists",

@@ -21,6 +21,7 @@ from masd.core.bounce import BounceRecipient, bounce_address, make_tag, own_mail
 from masd.core.bounce import verify_tag as _verify
 from masd.core.dsn import BounceReport, read_bounce
 from masd.core.engine import CaseView, Effect, SendContract
+from masd.core.errors import MasdError
 from masd.core.event import ParsedMail
 from masd.core.slave import case_message
 from masd.core.trust import Automation
@@ -60,12 +61,27 @@ def automated_as(mail: ParsedMail, reason: str) -> ParsedMail:
     return dataclasses.replace(mail, event=event, automation=Automation(True, reason))
 
 
+#: Read.unread: the edge did not read the mail, having found it recorded already.
+SKIPPED: Final = "skipped"
+#: Read.unread: the reading ran out of its time budget; the mail is read as no bounce.
+OVER_BUDGET: Final = "over-budget"
+
+
+class NotRead(MasdError):
+    """A mail to a bounce address that must be read before it is recorded and was not
+    (LMTP ``451 4.3.2``: the sender tries again)."""
+
+    code = "bounce-unread"
+
+
 @dataclass(frozen=True)
 class Read:
     """What :func:`~masd.core.dsn.read_bounce` said of a mail, read before its store job
-    (the LMTP edge reads it off the writer thread); ``report`` None: no bounce."""
+    (the LMTP edge reads it in a process of its own); ``report`` None: no bounce.
+    ``unread``: why it was not read (:data:`SKIPPED`, :data:`OVER_BUDGET`), None: it was."""
 
     report: BounceReport | None
+    unread: str | None = None
 
 
 def read(raw: bytes) -> Read:
@@ -83,6 +99,10 @@ def check(
     outbox_id = verify(job.tx, case.key, split.tag)
     if outbox_id is None:
         raise UnknownCase(f"bounce address of {case.address}: the tag does not verify")
+    if done is not None and done.unread == SKIPPED:
+        # The edge saw it recorded and did not read it; it is no longer (purged since):
+        # read it on the next try rather than record it unread.
+        raise NotRead(f"mail to a bounce address of {case.address} not read yet")
     return outbox_id, (done or read(raw)).report
 
 

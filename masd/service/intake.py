@@ -65,6 +65,13 @@ class _Mail:
         )
 
 
+def already_recorded(tx: Tx, mail: ParsedMail, sha256: str, now: float) -> bool:
+    """Is this recipient's copy of ``mail`` recorded already (a repeat :func:`deliver`
+    answers as a duplicate)?  A read: the LMTP edge asks before it reads a bounce."""
+    dedupe = dedupe_key(mail.event.message_id, mail.event.rcpt_to, sha256)
+    return messages.seen(tx, dedupe, since=now - DEDUPE_WINDOW) is not None
+
+
 def deliver(
     rt: Runtime,
     tx: Tx,
