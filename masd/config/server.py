@@ -49,6 +49,7 @@ _SERVER_KEYS: Final = frozenset(
         "max_milter_connections",
         "log_format",
         "console",
+        "pid_file",
     }
 )
 #: The fewest characters of the admin secret while the console (which signs in with it
@@ -115,7 +116,16 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         log_format=_log_format(check, table),
         console=console,
         suppress_for=durations["suppress_for"],
+        pid_file=_pid_file(check, table),
     )
+
+
+def _pid_file(check: Checker, table: Mapping[str, Any]) -> Path | None:
+    """``server.pid_file``: relative to the configuration's directory, like every path."""
+    text = check.get(table, PATH, "pid_file", str, "")
+    if "pid_file" in table and not text:
+        check.error(join(PATH, "pid_file"), '"" is not a file name')
+    return check.resolve(text) if text else None
 
 
 def _console(check: Checker, table: Mapping[str, Any], admin_token: str | None) -> bool:
