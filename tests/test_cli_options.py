@@ -63,6 +63,7 @@ READS_CONFIG = {
     "masd intake resend",
     "masd suppress list",
     "masd suppress drop",
+    "masd reload",
 }
 
 

@@ -336,12 +336,14 @@ def test_a_reload_turns_the_console_on_and_a_new_secret_signs_everyone_out(tmp_p
         assert (await r.client.get("/console/sign-in")).status_code == 200
         await sign_in(r.client)
         assert (await r.client.get("/console/health")).status_code == 200
-        (tmp_path / "admin.token").write_text("a-new-admin-secret-0123\n")
+        (tmp_path / "admin.token").write_text("a-new-admin-secret-0123-4e9d1c07b2a8f653\n")
         r.rt.replace_config(load_config(path))
         ended = await r.client.get("/console/health")
         assert (ended.status_code, ended.headers["location"]) == (303, "/console/sign-in")
         assert (await sign_in(r.client)).status_code == 401  # the old secret
-        assert (await sign_in(r.client, "a-new-admin-secret-0123")).status_code == 303
+        assert (
+            await sign_in(r.client, "a-new-admin-secret-0123-4e9d1c07b2a8f653")
+        ).status_code == 303
 
     run(tmp_path, body, on=False)
 

@@ -211,7 +211,8 @@ def test_messages_their_bytes_and_intakes(tmp_path: Path) -> None:
 
 def check_resend_without_masd(r: Readers) -> None:
     """No masd answers: the resend is queued in the store, for masd to send when it runs."""
-    pending = json.loads(cli(r, "intake", "list", "--json").stdout)["intakes"][0]
+    pending = json.loads(cli(r, "intake", "list", "--state", "pending", "--json").stdout)
+    pending = pending["intakes"][0]
     resent = cli(r, "intake", "resend", pending["intake_ref"])
     assert resent.returncode == 0, resent.stderr
     assert b"queueing it in the store" in resent.stderr

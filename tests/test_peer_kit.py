@@ -188,11 +188,48 @@ def test_a_mode_that_sends_timed_out_fails_the_status_table() -> None:
 
 
 def test_a_mode_that_runs_a_repeat_twice_fails_repeated_id_is_done() -> None:
+    """Named by the request's id and the two statuses' ids, not as "seq 1 came after seq 1"."""
     code, output = run(RunsARepeatAgain, "mode", names=("repeated-id-is-done", "seq-increases"))
     assert code == 1
     line = only_failure(output)
-    assert line.startswith("FAIL repeated-id-is-done (docs/protocol.md §7.2): ")
-    assert "seq must increase" in line
+    assert line.startswith("FAIL repeated-id-is-done (docs/protocol.md §7.2): step 4 (expect): ")
+    assert "repeat-is-done: the handoff.request sent again with id " in line
+    assert "was run again: seq 1 scheduled came a second time (status ids " in line
+    assert "came after seq 1" not in line
+
+
+class PostsASeqTwice(CallbackService):
+    """Posts ``running`` with the seq of the ``scheduled`` before it."""
+
+    async def _post(self, handoff: Handoff, status: str, **fields: Any) -> None:
+        if status == "running":
+            handoff.seq -= 1
+        await super()._post(handoff, status, **fields)
+
+
+def test_a_seq_posted_twice_is_named_so() -> None:
+    code, output = run(PostsASeqTwice, "mode", names=("seq-increases",))
+    assert code == 1
+    line = only_failure(output)
+    assert "seq 1 came twice, in status ids " in line
+    assert "came after" not in line
+
+
+class DropsTheCaseKey(CallbackService):
+    """Posts its statuses with a ``case`` that has its address but no key."""
+
+    async def _post(self, handoff: Handoff, status: str, **fields: Any) -> None:
+        address = handoff.request["case"]["address"]
+        handoff.request = {**handoff.request, "case": {"address": address}}
+        await super()._post(handoff, status, **fields)
+
+
+def test_a_status_without_case_key_is_a_problem_with_case_key() -> None:
+    code, output = run(DropsTheCaseKey, "mode", names=("statuses-well-formed",))
+    assert code == 1
+    line = only_failure(output)
+    assert "invalid-message: case.key: missing, not a string" in line, line
+    assert "case.address" not in line
 
 
 def test_a_mode_without_authentication_fails_wrong_secret_refused() -> None:

@@ -15,9 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
 from support.masd_process import WAIT, MasdProcess, mx_mail, wait_until, write_master_config
 
-from masd.config import Config, parse_config
+from masd.cli import main
+from masd.config import Config, ConfigErrors, parse_config
+from masd.config.reload import restart_needed
 from masd.service import Runtime
 from masd.service.runtime import Job
 from masd.testing import lmtpclient
@@ -116,3 +120,70 @@ def test_a_job_keeps_the_configuration_it_started_with(tmp_path: Path) -> None:
     assert rt.type_view("shop.example", "ticket").role == "master"
     assert list(job.rt.config.domains) == ["help.example"]
     assert job.rt.type_view("help.example", "ticket").role == "master"
+
+
+@pytest.mark.slow
+def test_reload_finds_masd_by_the_pid_file_its_config_names(tmp_path: Path) -> None:
+    """``server.pid_file``: masd serve writes it without --pid-file, and masd reload
+    --config reads it; a relative path is relative to the configuration's directory."""
+
+    async def main() -> None:
+        async with FakePeer() as endpoint, SmtpSink() as sink:
+            setup = write_master_config(
+                tmp_path / "masd", endpoint_url=endpoint.url + "mas", smtp_port=sink.port
+            )
+            text = setup.config.read_text()
+            setup.config.write_text(
+                text.replace("[server]\n", '[server]\npid_file = "run/masd.pid"\n', 1)
+            )
+            (setup.config.parent / "run").mkdir()
+            pid_file = setup.config.parent / "run" / "masd.pid"
+            command = [sys.executable, "-m", "masd", "reload", "--config", str(setup.config)]
+            async with MasdProcess(setup.config, tmp_path / "masd.log") as masd:
+                await wait_until(pid_file.exists, "the pid file written")
+                done = await asyncio.to_thread(
+                    subprocess.run, command, capture_output=True, text=True, timeout=60
+                )
+                assert done.returncode == 0, done
+                assert "domains help.example" in done.stdout
+                # --pid-file still wins over the configuration's.
+                elsewhere = [*command, "--pid-file", str(tmp_path / "none.pid")]
+                missed = await asyncio.to_thread(
+                    subprocess.run, elsewhere, capture_output=True, text=True, timeout=60
+                )
+                assert missed.returncode == 2, missed
+                assert f"cannot read {tmp_path / 'none.pid'}" in missed.stderr
+                assert "--pid-file FILE or server.pid_file" in missed.stderr
+                assert await masd.terminate() == 0
+            assert not pid_file.exists()
+
+    asyncio.run(main())
+
+
+def test_reload_says_what_is_wrong_with_the_config_it_was_given(tmp_path: Path) -> None:
+    broken = tmp_path / "masd.toml"
+    broken.write_text("[server]\npid_file = 7\n")
+    done = CliRunner().invoke(main, ["reload", "--config", str(broken)])
+    assert done.exit_code == 2, done.output
+    assert "server.pid_file: 7 is not" in done.stderr, done.stderr
+    assert "give the pid file with --pid-file" in done.stderr
+    unparsed = tmp_path / "unparsed.toml"
+    unparsed.write_text("[server\n")
+    done = CliRunner().invoke(main, ["reload", "--config", str(unparsed)])
+    assert done.exit_code == 2, done.output
+    assert f"masd reload: {unparsed}:1:8: invalid TOML" in done.stderr, done.stderr
+
+
+def test_the_pid_file_is_a_path_beside_the_config_and_bound_at_start(tmp_path: Path) -> None:
+    def config(**server: str) -> Config:
+        table = {"lmtp": "127.0.0.1:2424", "http": "127.0.0.1:8025", **server}
+        domains = {"help.example": {"types": {"ticket": {"role": "master"}}}}
+        return parse_config({"server": table, "domains": domains}, base_dir=tmp_path)
+
+    assert config().server.pid_file is None
+    assert config(pid_file="run/masd.pid").server.pid_file == tmp_path / "run" / "masd.pid"
+    assert config(pid_file="/run/masd/masd.pid").server.pid_file == Path("/run/masd/masd.pid")
+    with pytest.raises(ConfigErrors, match=r'server\.pid_file: "" is not a file name'):
+        config(pid_file="")
+    moved = restart_needed(config(pid_file="a.pid"), config(pid_file="b.pid"))
+    assert moved == ["server.pid_file changed: restart masd to apply"]

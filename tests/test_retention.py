@@ -67,7 +67,7 @@ def test_cases_past_retain_go_with_their_rows_in_bounded_batches(tmp_path: Path)
             assert all(r["cases"] == 1 and r["thread"] >= 1 for r in before.values())
             assert before[closed]["handoffs"] == 1
 
-            auth = {"Authorization": "Bearer admin-secret-7f3a91c2"}
+            auth = {"Authorization": "Bearer admin-secret-7f3a91c2-5be04d8e1a96c3f0"}
             feed = await run.client.get("/mas/v0.1/events", params={"limit": 1000}, headers=auth)
             events = feed.json()["events"]
             inside = next(e["cursor"] for e in events if e["case"]["key"] == old[1])
@@ -112,7 +112,7 @@ def test_cases_past_retain_go_with_their_rows_in_bounded_batches(tmp_path: Path)
             # Over HTTP the removed case is unknown.
             gone = await run.client.get(
                 f"/mas/v0.1/cases/{old[0]}",
-                headers={"Authorization": "Bearer admin-secret-7f3a91c2"},
+                headers={"Authorization": "Bearer admin-secret-7f3a91c2-5be04d8e1a96c3f0"},
             )
             assert (gone.status_code, gone.json()["error"]) == (404, "unknown-case")
 

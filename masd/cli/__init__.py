@@ -76,7 +76,8 @@ def serve(config_file: Path, log_level: str, test_clock: bool, pid_file: Path | 
     """Run masd: the LMTP and HTTP listeners, the outbox and the deadline timer.
 
     Stops cleanly on SIGTERM or SIGINT: stops accepting, finishes what is in
-    flight, exits 0. On SIGHUP (masd reload) re-reads the configuration files.
+    flight, exits 0. On SIGHUP (masd reload) re-reads the configuration files;
+    masd reload finds masd by the pid file --pid-file or server.pid_file names.
     """
     from masd.app import App
     from masd.clock import Clock, TestClock
@@ -99,6 +100,7 @@ def serve(config_file: Path, log_level: str, test_clock: bool, pid_file: Path | 
             raise SystemExit(2)
         clock = TestClock()
     configure_logging(log_level.upper(), config.server.log_format)
+    pid_file = pid_file or config.server.pid_file
     try:
         asyncio.run(App(config, clock=clock, pid_file=pid_file).run())
     except StoreError as exc:

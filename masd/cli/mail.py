@@ -122,9 +122,9 @@ def intake() -> None:
 @click.option(
     "--state",
     type=click.Choice(["pending", "assigned"]),
-    default="pending",
-    show_default=True,
-    help="Waiting for case.assign, or already assigned.",
+    default=None,
+    help="Only the intakes waiting for case.assign, or only those assigned.  "
+    "[default: both, as GET /mas/v0.1/intakes]",
 )
 @click.option(
     "--limit",
@@ -136,9 +136,10 @@ def intake() -> None:
 @click.option("--after", default=None, metavar="CURSOR", help="The page after this cursor.")
 @click.option("--json", "as_json", is_flag=True, help="As GET /mas/v0.1/intakes.")
 def intake_list(
-    config_file: Path, state: str, limit: int, after: str | None, as_json: bool
+    config_file: Path, state: str | None, limit: int, after: str | None, as_json: bool
 ) -> None:
-    """List intakes, oldest first: pending ones wait for their master's case.assign."""
+    """List intakes, oldest first, pending and assigned alike (as GET /mas/v0.1/intakes):
+    pending ones wait for their master's case.assign; --state pending shows only those."""
     from masd.cli.text import format_intakes
     from masd.read.messages import intakes_json, parse_intake_cursor
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from masd.cli.common import DEFAULT_CONFIG
+from masd.config import ConfigErrors, pid_file_of
 from masd.service import reloading
 
 DEFAULT_PID_FILE = Path("/run/masd/masd.pid")
@@ -18,17 +20,41 @@ PID_FILE = click.option(
     "--pid-file",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help=f"Where masd writes its pid and each reload's outcome (the unit uses {DEFAULT_PID_FILE}).",
+    help="Where masd writes its pid and each reload's outcome, which masd reload reads "
+    f"(default: server.pid_file, else none; the unit uses {DEFAULT_PID_FILE}).",
 )
+
+
+def _pid_file_of(config_file: Path | None) -> Path:
+    """The configuration's ``server.pid_file``; :data:`DEFAULT_PID_FILE` when it names none,
+    or when no ``--config`` was given and the default file does not exist."""
+    if config_file is None and not DEFAULT_CONFIG.exists():
+        return DEFAULT_PID_FILE
+    try:
+        found = pid_file_of(config_file or DEFAULT_CONFIG)
+    except ConfigErrors as exc:
+        for error in exc.errors:
+            click.echo(f"masd reload: {error}", err=True)
+        click.echo("masd reload: give the pid file with --pid-file", err=True)
+        raise SystemExit(2) from None
+    return found or DEFAULT_PID_FILE
 
 
 @click.command("reload")
 @click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The masd TOML file whose server.pid_file names the pid file.  "
+    f"[default: {DEFAULT_CONFIG}]",
+)
+@click.option(
     "--pid-file",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_PID_FILE,
-    show_default=True,
-    help="The pid file of the running masd (masd serve --pid-file).",
+    default=None,
+    help="The pid file of the running masd (masd serve --pid-file), instead of the "
+    f"configuration's server.pid_file.  [default: server.pid_file, else {DEFAULT_PID_FILE}]",
 )
 @click.option(
     "--timeout",
@@ -37,8 +63,14 @@ PID_FILE = click.option(
     show_default=True,
     help="Seconds to wait for the outcome.",
 )
-def reload(pid_file: Path, timeout: float) -> None:
+def reload(config_file: Path | None, pid_file: Path | None, timeout: float) -> None:
     """Make the running masd re-read masd.toml and its domain files (as SIGHUP does).
+
+    The running masd is found by its pid file, which masd serve writes only
+    when told where: serve --pid-file FILE, or server.pid_file in masd.toml
+    (the systemd unit passes --pid-file /run/masd/masd.pid). masd reload
+    reads the one --pid-file names, else server.pid_file of --config, else
+    /run/masd/masd.pid.
 
     A valid configuration replaces the running one without dropping a
     connection; an invalid one (or one changing a listener, the database or
@@ -46,11 +78,16 @@ def reload(pid_file: Path, timeout: float) -> None:
     Prints the outcome; exit status 0 when applied, 1 when refused, 2 when no
     running masd answered.
     """
+    pid_file = pid_file or _pid_file_of(config_file)
     try:
         pid = int(pid_file.read_text("ascii").strip())
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
-        click.echo(f"masd reload: cannot read {pid_file}: {why} (is masd running?)", err=True)
+        click.echo(
+            f"masd reload: cannot read {pid_file}: {why} (is masd running? masd serve writes "
+            "its pid file with --pid-file FILE or server.pid_file)",
+            err=True,
+        )
         raise SystemExit(2) from None
     before, _ = reloading.read_status(pid_file)
     try:

@@ -90,7 +90,7 @@ def _essentials(e: Mapping[str, Any]) -> list[str]:
         if e.get("mail_seq") is not None:
             parts.append(f"mail_seq={e['mail_seq']}")
         diagnostic = [_q(e["diagnostic"])] if e.get("diagnostic") else []
-        return parts + _pairs(e, ("remote_mta",)) + diagnostic
+        return parts + _pairs(e, ("remote_mta", "claimed_recipient")) + diagnostic
     if kind == "delivery.failed":
         parts = [_clean(e.get("type") or e.get("delivery_kind") or "")]
         if e.get("id"):

@@ -23,7 +23,7 @@ table) and :mod:`~masd.config.summary` (``check-config``'s output).
 
 from __future__ import annotations
 
-from masd.config.load import load_config, parse_config
+from masd.config.load import load_config, parse_config, pid_file_of
 from masd.config.model import (
     DEFAULT_PATH,
     Config,
@@ -77,5 +77,6 @@ __all__ = [
     "parse_config",
     "parse_duration",
     "parse_listen",
+    "pid_file_of",
     "webhook_for",
 ]

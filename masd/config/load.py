@@ -27,6 +27,29 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data, base_dir=base_dir, source=str(path))
 
 
+def pid_file_of(path: str | Path) -> Path | None:
+    """``server.pid_file`` of the file at ``path`` (resolved as :func:`load_config` does),
+    read without the rest of the configuration: ``masd reload`` finds the running masd by
+    it, and a new configuration with errors is for that masd to refuse, by name.
+    :class:`ConfigErrors` when the file is no TOML or the key is not a file name."""
+    file = Path(path)
+    data = read_toml(file, str(path))
+    check = Checker(Path(os.path.abspath(file)).parent)
+    server = data.get("server")
+    found = None
+    if isinstance(server, dict) and "pid_file" in server:
+        text = check.get(server, "server", "pid_file", str, "")
+        if text:
+            found = check.resolve(text)
+        else:
+            check.error(
+                join("server", "pid_file"), f"{show(server['pid_file'])} is not a file name"
+            )
+    if check.errors:
+        raise ConfigErrors(check.errors, source=str(path))
+    return found
+
+
 def parse_config(data: Mapping[str, Any], *, base_dir: Path, source: str = "<config>") -> Config:
     """Validate parsed TOML ``data``; relative paths are relative to ``base_dir``.
 

@@ -196,6 +196,9 @@ class ServerConfig:
     peer_timeout: float = 10.0
     #: how long a permanently failed recipient is suppressed (docs/protocol.md §22)
     suppress_for: float = 30 * 86400.0
+    #: Where ``masd serve`` writes its pid and each reload's outcome, which ``masd reload``
+    #: reads (``serve --pid-file`` wins); None: nowhere.
+    pid_file: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Final
 from masd.config.model import Config
 
 #: ``[server]`` keys bound at start (listeners, the store, the relay session's
-#: name and the listeners' limits): a reload that changes one is refused.
+#: name, the listeners' limits and the pid file): a reload that changes one is refused.
 RESTART_KEYS: Final = (
     "lmtp",
     "http",
@@ -19,6 +19,7 @@ RESTART_KEYS: Final = (
     "max_message_bytes",
     "max_lmtp_sessions",
     "max_http_connections",
+    "pid_file",
 )
 
 

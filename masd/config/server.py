@@ -18,6 +18,7 @@ from masd.config.model import (
     UnixListen,
 )
 from masd.config.names import ascii_host_name, is_host, is_ipv6, join, show
+from masd.config.placeholders import MAKE_ONE
 
 PATH: Final = "server"
 _SERVER_KEYS: Final = frozenset(
@@ -48,8 +49,12 @@ _SERVER_KEYS: Final = frozenset(
         "max_milter_connections",
         "log_format",
         "console",
+        "pid_file",
     }
 )
+#: The fewest characters of the admin secret while the console (which signs in with it
+#: from a browser form) is on.
+CONSOLE_SECRET_MIN: Final = 32
 #: Where domain files are looked for when ``server.domains_dir`` is not set:
 #: next to the main file (``/etc/masd/domains.d`` for ``/etc/masd/masd.toml``).
 DEFAULT_DOMAINS_DIR: Final = "domains.d"
@@ -78,12 +83,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
     domains_dir = check.get(table, PATH, "domains_dir", str, DEFAULT_DOMAINS_DIR)
     if not domains_dir:
         check.error(join(PATH, "domains_dir"), '"" is not a directory name')
-    console = check.get(table, PATH, "console", bool, False)
-    if console and "admin_token_file" not in table:
-        check.error(
-            join(PATH, "console"),
-            "needs server.admin_token_file: the console signs in with the admin secret",
-        )
+    console = _console(check, table, admin_token)
     hostname = check.get(table, PATH, "hostname", str, "localhost")
     try:
         hostname = ascii_host_name(hostname)
@@ -116,7 +116,35 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         log_format=_log_format(check, table),
         console=console,
         suppress_for=durations["suppress_for"],
+        pid_file=_pid_file(check, table),
     )
+
+
+def _pid_file(check: Checker, table: Mapping[str, Any]) -> Path | None:
+    """``server.pid_file``: relative to the configuration's directory, like every path."""
+    text = check.get(table, PATH, "pid_file", str, "")
+    if "pid_file" in table and not text:
+        check.error(join(PATH, "pid_file"), '"" is not a file name')
+    return check.resolve(text) if text else None
+
+
+def _console(check: Checker, table: Mapping[str, Any], admin_token: str | None) -> bool:
+    """``server.console``: it signs in with the admin secret, which must be long enough
+    not to be guessed through a browser form."""
+    console = check.get(table, PATH, "console", bool, False)
+    if console and "admin_token_file" not in table:
+        check.error(
+            join(PATH, "console"),
+            "needs server.admin_token_file: the console signs in with the admin secret",
+        )
+    elif console and admin_token and len(admin_token) < CONSOLE_SECRET_MIN:
+        check.error(
+            join(PATH, "admin_token_file"),
+            f"the admin secret is {len(admin_token)} characters; with server.console on it "
+            f"must be at least {CONSOLE_SECRET_MIN}, since a browser signs in with it "
+            f"({MAKE_ONE})",
+        )
+    return console
 
 
 #: The server's durations and their defaults.

@@ -9,6 +9,9 @@ the oldest.
 
 Tokens are looked up by their SHA-256, so the lookup does not depend on how much of a
 guessed token is right.  Times are the caller's clock (seconds).
+
+The sessions also hold the sign-in's :class:`~masd.console.throttle.SignInThrottle`: who
+gave a wrong secret, and how long each must wait before trying again.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from typing import Final
+
+from masd.console.throttle import SignInThrottle
 
 #: Seconds a session lasts without being used.
 IDLE: Final = 30 * 60.0
@@ -58,6 +63,8 @@ class Sessions:
         self.idle = idle
         self.longest = longest
         self._held: dict[bytes, Session] = {}
+        #: Wrong secrets by client, and the waits they earned.
+        self.throttle = SignInThrottle()
 
     def __len__(self) -> int:
         return len(self._held)

@@ -67,6 +67,8 @@ def _delivery_failed(e: Mapping[str, Any]) -> str:
 def _mail_bounced(e: Mapping[str, Any]) -> str:
     how = "permanent" if e.get("permanent") else "delayed"
     text = f"bounce of mail #{e.get('mail_seq')} to {e.get('recipient')}: {e.get('status')} {how}"
+    if e.get("claimed_recipient"):
+        text += f" (the report names {e['claimed_recipient']})"
     return text + (f"; {e['diagnostic']}" if e.get("diagnostic") else "")
 
 

@@ -561,10 +561,10 @@ def check_case_ref(ref: Mapping[str, object]) -> Address:
     """
     address = ref.get("address")
     key = ref.get("key")
-    if not isinstance(address, str) or not isinstance(key, str):
-        raise AddressError(
-            'address: case must carry "address" and "key" as strings', part="address"
-        )
+    if not isinstance(address, str):
+        raise _not_a_string("address", address)
+    if not isinstance(key, str):
+        raise _not_a_string("key", key)
     addr = _parse_case_address(address)
     if addr.canonical != address:
         raise AddressError(
@@ -573,10 +573,18 @@ def check_case_ref(ref: Mapping[str, object]) -> Address:
         )
     if addr.key != key:
         raise AddressError(
-            f'address: key "{key}" does not match address "{address}" (expected "{addr.key}")',
-            part="address",
+            f'key: "{key}" does not match address "{address}" (expected "{addr.key}")',
+            part="key",
         )
     return addr
+
+
+def _not_a_string(name: str, value: object) -> AddressError:
+    """``name`` of an envelope's case is missing or not a string."""
+    said = "missing" if value is None else f"{type(value).__name__} {str(value)[:40]!r}"
+    return AddressError(
+        f'{name}: {said}, not a string (case carries "address" and "key")', part=name
+    )
 
 
 def split_key(key: str) -> tuple[str, str | None, str]:

@@ -55,9 +55,9 @@ class AddressError(MasdError):
     """A recipient address that masd refuses (docs/protocol.md §2).
 
     ``part`` names the part of the address at fault: ``address``, ``local``,
-    ``type``, ``id``, ``mode`` or ``domain``.  ``code`` is ``unknown-domain``
-    when the domain is not configured here (LMTP ``550 5.1.2``) and
-    ``bad-address`` otherwise (LMTP ``550 5.1.1``).
+    ``type``, ``id``, ``mode`` or ``domain`` (``key`` for an envelope's case key).
+    ``code`` is ``unknown-domain`` when the domain is not configured here (LMTP
+    ``550 5.1.2``) and ``bad-address`` otherwise (LMTP ``550 5.1.1``).
     """
 
     code = "bad-address"

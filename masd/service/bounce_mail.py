@@ -5,9 +5,11 @@
 - :func:`suppression`: masd's own mail to a suppressed address is refused.
 - :func:`receive`: mail to a bounce address whose tag verified.  A bounce is
   recorded (raw bytes kept, no ``mail.in``, no acknowledgement), marks the
-  mail, suppresses a permanently failed recipient and is told to a slave
-  case's master as ``case.message``; any other mail is an ordinary mail on the
-  case, automated (reason ``bounce-address``).
+  mail, suppresses its recipient when it failed for good and is told to a
+  slave case's master as ``case.message``; any other mail is an ordinary mail
+  on the case, automated (reason ``bounce-address``).  The recipient is always
+  the one the tag names: a report claiming another address failed (anyone who
+  mails a case learns a bounce address) records that claim as a detail only.
 """
 
 from __future__ import annotations
@@ -113,14 +115,14 @@ def receive(
     Returns the effects still to apply (a slave case's ``case.message``)."""
     ev = mail.event
     sent = bounces.mail_out(job.tx, case.key, outbox_id)
-    recipient = report.recipient or (sent[1] if sent else "")
+    recipient = sent[1] if sent else None
     bounces.record(
         job.tx,
         bounces.Bounce(
             ev.message_ref,
             outbox_id,
             case.key,
-            recipient,
+            recipient or "",
             report.status,
             report.diagnostic,
             report.remote_mta,
@@ -128,23 +130,15 @@ def receive(
             job.now,
         ),
     )
-    suppressed = sent[1] if sent else recipient
-    if report.permanent and suppressed:
+    if report.permanent and recipient:
         until = job.now + job.rt.config.server.suppress_for
         row = bounces.Suppression(
-            suppressed.lower(), until, report.status, case.key, ev.message_ref, job.now
+            recipient.lower(), until, report.status, case.key, ev.message_ref, job.now
         )
         bounces.suppress(job.tx, row)
-    entry: dict[str, Any] = {
-        "mail_seq": sent[0] if sent else None,
-        "message_ref": ev.message_ref,
-        "recipient": recipient,
-        "status": report.status,
-        "diagnostic": report.diagnostic,
-        "remote_mta": report.remote_mta,
-        "permanent": report.permanent,
-    }
-    append_thread(job.tx, case.key, "mail.bounced", entry, at=job.now)
+    append_thread(
+        job.tx, case.key, "mail.bounced", _entry(sent, ev.message_ref, report), at=job.now
+    )
     log.info(
         "bounce case=%s mail=%s status=%s permanent=%s",
         case.key,
@@ -159,6 +153,26 @@ def receive(
     told = automated_as(mail, BOUNCE).event
     message = case_message(case, ev.message_ref, told.to_json())
     return [SendContract(master.peer, master.url, message)]
+
+
+def _entry(sent: tuple[int, str] | None, message_ref: str, report: BounceReport) -> dict[str, Any]:
+    """The ``mail.bounced`` entry.  Its ``recipient`` is the one the tag names (the mail's
+    own, which anyone who mails the case can learn): what the report claims failed is only
+    ``claimed_recipient``, given when it names another address, and suppresses nothing."""
+    recipient = sent[1] if sent else None
+    entry: dict[str, Any] = {
+        "mail_seq": sent[0] if sent else None,
+        "message_ref": message_ref,
+        "recipient": recipient,
+        "status": report.status,
+        "diagnostic": report.diagnostic,
+        "remote_mta": report.remote_mta,
+        "permanent": report.permanent,
+    }
+    claimed = report.recipient
+    if claimed and claimed.lower() != (recipient or "").lower():
+        entry["claimed_recipient"] = claimed
+    return entry
 
 
 def tag_verifies(tx: Tx, case_key: str, tag: str) -> bool:

@@ -26,7 +26,7 @@ from masd.metrics import Metrics
 from masd.store import Store
 
 TOKENS = {
-    "admin.token": "admin-secret-7f3a91c2",
+    "admin.token": "admin-secret-7f3a91c2-5be04d8e1a96c3f0",
     "callback.token": "callback-secret-51be0d77",
     "chat.token": "chat-secret-a04c6e19",
     "crm.token": "crm-secret-9d2210fa",
@@ -193,10 +193,12 @@ async def serving(
     listen: Listen | None = None,
     limits: HttpLimits | None = None,
     adjust: Callable[[str], str] | None = None,
+    clock: Clock | None = None,
 ) -> AsyncIterator[Running]:
     """Start the HTTP edge on loopback port 0 (or ``listen``) over a fresh store.
 
-    ``adjust``: rewrites the configuration's text before it is loaded.
+    ``adjust``: rewrites the configuration's text before it is loaded; ``clock``: the
+    edge's (a real one by default).
     """
     path = write_config(tmp_path, admin=admin)
     if adjust is not None:
@@ -204,7 +206,7 @@ async def serving(
     config = load_config(path)
     rt = service.Runtime(config, new_id=lambda: secrets.token_hex(16))
     store = Store.open(config.server.database)
-    clock = Clock()
+    clock = clock or Clock()
     metrics = Metrics()
     commits: list[int] = []
     edge = HttpEdge(EdgeContext(rt, store, clock, metrics, _Commits(commits)))

@@ -4,8 +4,10 @@ Each rule reads :class:`Evidence` (the message the step names, the posts the
 peer sent the kit during the check, what the kit recorded) and gives a
 :class:`Verdict`: a problem (None when the rule holds) and what was seen,
 for the output line.  The rules are those of docs/protocol.md for the email
-side's peers: the status table (§14) and ``seq`` (§7.3), the envelope and
-the case reference (§7.1, §8.1), who may send what (§9.2), ids (§2).
+side's peers: the status table (§14) and ``seq`` (§7.3), a repeated id (§7.2),
+the envelope and the case reference (§7.1, §8.1), who may send what (§9.2),
+ids (§2).  A problem names the field at fault (``case.key``, a status's
+``seq`` and ``id``, the request's ``id``).
 """
 
 from __future__ import annotations
@@ -66,15 +68,49 @@ def seq_increases(ev: Evidence) -> Verdict:
     seen = _show_statuses(posts)
     if not posts:
         return Verdict("no handoff.status arrived for the handoff", seen)
-    last = None
+    last: int | None = None
+    before = posts[0]
     for p in posts:
         seq = p.json.get("seq")
         if not isinstance(seq, int) or isinstance(seq, bool):
             return Verdict(f"seq {json.dumps(seq)} is not an integer", seen)
-        if last is not None and seq <= last:
+        if last is not None and seq == last:
+            twice = f"seq {seq} came twice, in status ids {shown(before)} and {shown(p)}"
+            return Verdict(f"{twice}: seq must increase", seen)
+        if last is not None and seq < last:
             return Verdict(f"seq {seq} came after seq {last}: seq must increase", seen)
-        last = seq
+        last, before = seq, p
     return Verdict(None, seen)
+
+
+def repeat_is_done(ev: Evidence) -> Verdict:
+    """The request sent twice with one ``id`` ran once: no ``seq`` of its handoff's
+    statuses comes twice (a second run starts again from the first), and seq increases."""
+    posts = _statuses(ev)
+    seen = _show_statuses(posts)
+    if not posts:
+        return Verdict("no handoff.status arrived for the handoff", seen)
+    first: dict[str, Post] = {}
+    for p in posts:
+        seq = json.dumps(p.json.get("seq"))
+        earlier = first.setdefault(seq, p)
+        if earlier is not p:
+            again = (
+                f"the handoff.request sent again with id {shown_id(ev.message)} was run again: "
+                f"seq {seq} {p.json.get('status')} came a second time (status ids "
+                f"{shown(earlier)}, then {shown(p)}); a repeated id is already done (§7.2)"
+            )
+            return Verdict(again, seen)
+    return seq_increases(ev)
+
+
+def shown(post: Post) -> str:
+    """A status's ``id``, as the output names it."""
+    return shown_id(post.json)
+
+
+def shown_id(message: Mapping[str, Any]) -> str:
+    return json.dumps(message.get("id"))[:80]
 
 
 def statuses_follow_the_table(ev: Evidence) -> Verdict:
@@ -214,6 +250,7 @@ def _envelope_problem(post: Post, kind: str) -> str | None:
 RULES: Final[Mapping[str, Mapping[str, Rule]]] = {
     "mode": {
         "seq-increases": seq_increases,
+        "repeat-is-done": repeat_is_done,
         "statuses-follow-the-table": statuses_follow_the_table,
         "statuses-well-formed": statuses_well_formed,
         "no-status": no_status,

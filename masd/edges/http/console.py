@@ -11,8 +11,12 @@ documents.  Off, every path here is ``404`` (:mod:`masd.edges.http.auth`).
 - **Changes** (retry, drop, sign-out) are POSTs carrying the session's CSRF token; a POST
   without it, or with another, is ``403``.  Each change answers with a redirect to the page
   it was made from, which says what it did.
-- **Every answer** carries :data:`SECURITY_HEADERS`: the page loads only what masd serves
-  (``default-src 'self'``), may not be framed, and is not cached.
+- **Every answer** under ``/console/`` carries :data:`SECURITY_HEADERS`, refusals
+  included (:func:`guard`, the application's outermost middleware): the page loads only
+  what masd serves (``default-src 'self'``), may not be framed, and is not cached.
+- **Sign-in is throttled** per client address (:mod:`masd.console.throttle`): after a few
+  wrong secrets each try waits longer, and one made too soon is ``429`` with
+  ``Retry-After``, unread; one log line per throttled client per interval.
 - **Live**: ``/console/events`` relays the event feed as Server-Sent Events to a signed-in
   page, each event with its timeline row; the admin secret never reaches the page.
 """
@@ -28,11 +32,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler as AioHandler
 
 import masd.console
 from masd.console import pages
 from masd.console.markup import CSRF_FIELD
 from masd.console.sessions import Session
+from masd.console.throttle import Throttled, client_of
 from masd.console.timeline import row
 from masd.edges.http.shared import (
     CONSOLE_PATH,
@@ -84,6 +90,21 @@ Page = Callable[[web.Request, Served, Session], Awaitable[web.StreamResponse]]
 
 def _guarded(response: web.StreamResponse) -> web.StreamResponse:
     response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def under_console(path: str) -> bool:
+    return path == CONSOLE_PATH or path.startswith(ROOT)
+
+
+@web.middleware
+async def guard(request: web.Request, handler: AioHandler) -> web.StreamResponse:
+    """The outermost middleware: every answer under ``/console/`` carries
+    :data:`SECURITY_HEADERS`, a refusal of the other middleware too (a path no route
+    serves, a method not allowed, a body too large, the console off)."""
+    response = await handler(request)
+    if under_console(request.path) and not response.prepared:
+        _guarded(response)
     return response
 
 
@@ -165,21 +186,59 @@ async def sign_in_page(request: web.Request, served: Served) -> web.StreamRespon
 
 
 async def sign_in(request: web.Request, served: Served) -> web.StreamResponse:
+    """The admin secret from the form opens a session.  A client that gave a wrong one too
+    often (:mod:`masd.console.throttle`) is refused ``429`` with ``Retry-After``, its
+    secret unread, until its wait is over.  The form is read first, so from the throttle's
+    look to its count nothing awaits: tries sent at once are counted one by one."""
     try:
         given = await form_field(request, "secret")
     except HttpRefusal as refusal:
         return html(pages.sign_in(refused=refusal.detail), refusal.status)
+    throttle, client, now = served.sessions.throttle, client_of(request.remote), served.clock.now()
+    waiting = throttle.refuse(client, now)
+    if waiting is not None:
+        _log_throttled(request, waiting)
+        said = f"Too many wrong secrets from your address: try again in {_secs(waiting)}."
+        return _with_retry(html(pages.sign_in(refused=said), 429), waiting)
     token = _secret(served)
     if token is None:
         return html(pages.sign_in(refused="no admin secret is configured"), 401)
     if given is None or not hmac.compare_digest(given.strip().encode(), token.encode()):
         log.info("console sign-in refused remote=%s", request.remote)
-        return html(pages.sign_in(refused="That is not the admin secret."), 401)
-    cookie, _ = served.sessions.open(token, served.clock.now())
+        waiting = throttle.failed(client, now)
+        if waiting is None:
+            return html(pages.sign_in(refused="That is not the admin secret."), 401)
+        _log_throttled(request, waiting)
+        said = f"That is not the admin secret. Wait {_secs(waiting)} before trying again."
+        return _with_retry(html(pages.sign_in(refused=said), 401), waiting)
+    throttle.succeeded(client)
+    cookie, _ = served.sessions.open(token, now)
     log.info("console sign-in remote=%s sessions=%d", request.remote, len(served.sessions))
     response = see_other(ROOT + "cases")
     secure = served.rt.config.server.public_url.lower().startswith("https:")
     response.set_cookie(COOKIE, cookie, path=ROOT, httponly=True, samesite="Strict", secure=secure)
+    return response
+
+
+def _log_throttled(request: web.Request, waiting: Throttled) -> None:
+    """A line when one is due: one per throttled client per interval, not one per try."""
+    if waiting.log_refused is not None:
+        log.warning(
+            "console sign-in throttled remote=%s failures=%d retry_after=%d refused_since=%d",
+            request.remote,
+            waiting.failures,
+            waiting.retry_after,
+            waiting.log_refused,
+        )
+
+
+def _secs(waiting: Throttled) -> str:
+    n = waiting.retry_after
+    return f"{n} second{'s' if n != 1 else ''}"
+
+
+def _with_retry(response: web.StreamResponse, waiting: Throttled) -> web.StreamResponse:
+    response.headers[hdrs.RETRY_AFTER] = str(waiting.retry_after)
     return response
 
 

@@ -88,7 +88,11 @@ class HttpEdge:
         routes: dict[web.AbstractRoute, Route] = {}
         app = web.Application(
             client_max_size=MAX_BODY,
-            middlewares=[_refusals(gate, routes, served.metrics), authenticate(served.rt, routes)],
+            middlewares=[
+                console.guard,
+                _refusals(gate, routes, served.metrics),
+                authenticate(served.rt, routes),
+            ],
         )
         for r in self.routes():
             # A GET route answers HEAD too (aiohttp's add_get does the same).
