@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 
 import pytest
 from support.bounces import postfix_dsn
@@ -22,6 +23,28 @@ def hostile(lines: int = 40_000) -> bytes:
     """A mail of short lines, each costing the detectors of non-standard bounces dearly."""
     head = b"From: MAILER-DAEMON@mx.example\r\nSubject: Undelivered\r\n\r\n"
     return head + b"x\r\n" * lines
+
+
+#: A real child that reads as masd's does, except that a mail with STALL in it never
+#: gets an answer: whatever this machine's speed, that mail outlasts any budget.
+STALL = b"X-Test-Stall: yes"
+STALLING_CHILD = (
+    sys.executable,
+    "-c",
+    "import time\n"
+    "import masd.edges.bounce_reader as reader\n"
+    "real = reader.read_bounce\n"
+    "def read(raw):\n"
+    f"    if {STALL!r} in raw:\n"
+    "        time.sleep(3600)\n"
+    "    return real(raw)\n"
+    "reader.read_bounce = read\n"
+    "reader.main()\n",
+)
+
+
+def stalled() -> bytes:
+    return STALL + b"\r\n" + hostile(10)
 
 
 def outcomes(metrics: Metrics) -> dict[str, float]:
@@ -63,11 +86,11 @@ def test_a_report_is_read_in_the_child_and_the_child_ends_on_close() -> None:
 def test_a_mail_over_the_budget_is_read_as_no_bounce_and_the_next_gets_a_new_child() -> None:
     async def main() -> None:
         metrics = Metrics()
-        reader = BounceReader(metrics, budget=0.3)
+        reader = BounceReader(metrics, budget=0.3, command=STALLING_CHILD)
         await reader.read(b"Subject: warm\r\n\r\nstart the child\r\n")
         first = reader._child
         assert first is not None
-        read = await reader.read(hostile())
+        read = await reader.read(stalled())
         assert read == bounce_mail.Read(None, unread=bounce_mail.OVER_BUDGET)
         assert first.returncode == -signal.SIGKILL
         after = await reader.read(postfix_dsn(TO, ANN))
@@ -85,8 +108,9 @@ def test_a_mail_over_the_budget_is_read_as_no_bounce_and_the_next_gets_a_new_chi
 def test_past_the_waiting_bound_a_mail_is_busy() -> None:
     async def main() -> None:
         metrics = Metrics()
-        reader = BounceReader(metrics, budget=30, max_waiting=1)
-        reading = asyncio.create_task(reader.read(hostile()))
+        reader = BounceReader(metrics, budget=1, max_waiting=1, command=STALLING_CHILD)
+        await reader.read(b"Subject: warm\r\n\r\nstart the child\r\n")
+        reading = asyncio.create_task(reader.read(stalled()))
         await asyncio.sleep(0.05)  # the first has its turn
         waiting = asyncio.create_task(reader.read(postfix_dsn(TO, ANN)))
         await asyncio.sleep(0.05)  # the second waits
@@ -104,8 +128,9 @@ def test_past_the_waiting_bound_a_mail_is_busy() -> None:
 @pytest.mark.slow
 def test_a_mail_that_waits_too_long_for_its_turn_is_busy() -> None:
     async def main() -> None:
-        reader = BounceReader(budget=30, wait=0.2)
-        reading = asyncio.create_task(reader.read(hostile()))
+        reader = BounceReader(budget=1, wait=0.2, command=STALLING_CHILD)
+        await reader.read(b"Subject: warm\r\n\r\nstart the child\r\n")
+        reading = asyncio.create_task(reader.read(stalled()))
         await asyncio.sleep(0.05)
         with pytest.raises(Busy, match=r"busy for 0\.2 s"):
             await reader.read(postfix_dsn(TO, ANN))

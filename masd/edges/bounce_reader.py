@@ -31,6 +31,7 @@ import logging
 import os
 import struct
 import sys
+from collections.abc import Sequence
 from typing import BinaryIO, Final
 
 from masd.core.dsn import BounceReport, read_bounce
@@ -72,8 +73,11 @@ class BounceReader:
         budget: float = BUDGET_SECONDS,
         max_waiting: int = MAX_WAITING,
         wait: float = WAIT_SECONDS,
+        command: Sequence[str] = (),
     ) -> None:
         self._metrics = metrics or Metrics()
+        #: The child's command line: this module, unless another reader is given.
+        self._command = tuple(command) or (sys.executable, "-m", __name__)
         self._budget = budget
         self._max_waiting = max_waiting
         self._wait = wait
@@ -147,9 +151,7 @@ class BounceReader:
             return self._child
         try:
             self._child = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                __name__,
+                *self._command,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
             )
