@@ -18,7 +18,9 @@ Paths:
 - ``ack``: authenticated mail, each case's acknowledgement sent to a mail sink
   on loopback (the CPU counted until the last acknowledgement arrived).
 
-The figures are printed, medians last, with the ratio working tree / REV; a
+``--profile DIR`` records each measured pass with py-spy (the same sampling
+as ``make bench``'s profiles) so the two builds' profiles of one load can be
+read side by side.  The figures are printed, medians last, with the ratio working tree / REV; a
 ratio over 1 is CPU the change costs.  Nothing is asserted about speed.
 """
 
@@ -42,6 +44,7 @@ from bench import acks
 from bench import masd_setup as masd
 from bench.common import PYTHON, ROOT, BenchError, Server, free_port, wait_port
 from bench.lmtp_load import latency_run
+from bench.run import Profiler
 
 PATHS = ("intake", "ack")
 WARM_UP = 50
@@ -127,7 +130,14 @@ def _pass(port: int, sessions: int, count: int, tag: str, authenticated: bool) -
 
 
 def measure(
-    build: masd.Build, path: str, work: Path, *, count: int, sessions: int, round_: int
+    build: masd.Build,
+    path: str,
+    work: Path,
+    *,
+    count: int,
+    sessions: int,
+    round_: int,
+    profile: Path | None = None,
 ) -> Point:
     """One build on one path: a fresh store, a warm-up, then the measured pass."""
     work.mkdir(parents=True)
@@ -148,10 +158,11 @@ def measure(
             if relay is not None:
                 _arrived_at_least(relay, WARM_UP)
             cpu = server.cpu()
-            seconds = _pass(setup.lmtp_port, sessions, count, f"run-{round_}", authenticated)
-            _stored_at_least(setup.database, WARM_UP + count)
-            if relay is not None:
-                _arrived_at_least(relay, WARM_UP + count)
+            with Profiler(profile, f"{path}-{_slug(build)}-r{round_}", server.pid):
+                seconds = _pass(setup.lmtp_port, sessions, count, f"run-{round_}", authenticated)
+                _stored_at_least(setup.database, WARM_UP + count)
+                if relay is not None:
+                    _arrived_at_least(relay, WARM_UP + count)
             cpu = server.cpu() - cpu
         finally:
             code = server.stop()
@@ -180,6 +191,7 @@ def run(
     sessions: int,
     rounds: int,
     workdir: Path,
+    profile: Path | None = None,
     out: Callable[[str], None] = say,
 ) -> list[Point]:
     points: list[Point] = []
@@ -187,14 +199,26 @@ def run(
         order = builds if round_ % 2 else list(reversed(builds))
         for path in paths:
             for build in order:
-                work = workdir / f"r{round_}-{path}-{build.name.replace('/', '_')}"
-                p = measure(build, path, work, count=count, sessions=sessions, round_=round_)
+                work = workdir / f"r{round_}-{path}-{_slug(build)}"
+                p = measure(
+                    build,
+                    path,
+                    work,
+                    count=count,
+                    sessions=sessions,
+                    round_=round_,
+                    profile=profile,
+                )
                 points.append(p)
                 out(
                     f"  round {round_} {path:<6} {build.name:<14} {p.rate:8.1f} mails/s"
                     f"  {p.cpu_ms:6.3f} ms CPU/mail"
                 )
     return points
+
+
+def _slug(build: masd.Build) -> str:
+    return "".join(c if c.isalnum() else "-" for c in build.name)
 
 
 def summary(points: Sequence[Point], new: str, old: str) -> list[str]:
@@ -226,6 +250,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of alternation (default 3)")
     ap.add_argument("--paths", default=",".join(PATHS), help="intake,ack (default both)")
     ap.add_argument("--workdir", type=Path, help="default: a new directory in /var/tmp")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="py-spy profiles of every measured pass into DIR (bench/requirements.txt),"
+        " each with its summary (python -m bench.profile)",
+    )
     args = ap.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p]
     unknown = sorted(set(args.paths) - set(PATHS))
@@ -251,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sessions=args.sessions,
             rounds=args.rounds,
             workdir=workdir / f"run-{int(time.time())}",
+            profile=args.profile,
         )
     except BenchError as exc:
         say(f"bench.compare: {exc}")
