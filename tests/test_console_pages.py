@@ -116,6 +116,8 @@ def test_a_mail_row_shows_its_own_words_first_and_the_whole_text_behind_a_click(
     older = row(e, message(text=whole))
     assert older["mail"]["reply"] == whole
     assert older["mail"]["whole"] == "The whole text (nothing was left out)"
+    same = row(e, message(text="Call me.\n", reply_text="Call me.", attachments=[]))
+    assert same["mail"]["whole"] == "The whole text (nothing was left out)"
     # A mail of attachments only says so instead of an empty paragraph.
     files = [{"filename": None, "content_type": "image/png", "size": 1, "sha256": "0" * 64}]
     bare = row_html(row(e, message(text="", reply_text="", attachments=files)))

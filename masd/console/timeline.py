@@ -160,7 +160,9 @@ def mail_part(message: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "reply": reply,
         "text": text,
-        "whole": "The whole text" if reply != text else "The whole text (nothing was left out)",
+        "whole": "The whole text"
+        if reply.strip() != text.strip()
+        else "The whole text (nothing was left out)",
         "attachments": [
             {
                 "name": str(a.get("filename") or f"attachment {n + 1}"),
