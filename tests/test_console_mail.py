@@ -26,7 +26,8 @@ from masd.core.address import parse_address
 from masd.core.event import build_event
 from masd.core.times import rfc3339
 from masd.core.trust import TrustSettings
-from masd.edges.http.console import COOKIE, DOWNLOAD_CSP, SECURITY_HEADERS
+from masd.edges.http.console import COOKIE, SECURITY_HEADERS
+from masd.edges.http.console_mail import DOWNLOAD_CSP
 
 #: A reply above the mail it answers, as a mail client writes it.
 REPLY = "Tuesday at 10 works for me.\nPlease ring the bell twice."

@@ -15,9 +15,8 @@ documents.  Off, every path here is ``404`` (:mod:`masd.edges.http.auth`).
   included (:func:`guard`, run as each answer's headers are sent): the page loads only
   what masd serves (``default-src 'self'``), may not be framed, and is not cached.
 - **The mail itself**: ``/console/messages/{ref}/raw`` and ``…/attachments/{n}`` are the
-  read side's own routes (:mod:`masd.edges.http.message`) run for the session as the
-  admin; they answer as downloads (``Content-Disposition: attachment``, ``nosniff``) under
-  :data:`DOWNLOAD_CSP`, a sandbox, so no file a mail carries runs as the console's page.
+  read side's own routes run for the session as the admin, answered as downloads
+  (:mod:`masd.edges.http.console_mail`).
 - **Sign-in is throttled** per client address (:mod:`masd.console.throttle`): after a few
   wrong secrets each try waits longer, and one made too soon is ``429`` with
   ``Retry-After``, unread; one log line per throttled client per interval.
@@ -43,8 +42,8 @@ from masd.console.markup import CSRF_FIELD
 from masd.console.sessions import Session
 from masd.console.throttle import Throttled, client_of
 from masd.console.timeline import counts, row
-from masd.edges.http import message
-from masd.edges.http.auth import READER
+from masd.edges.http import console_mail
+from masd.edges.http.console_mail import DOWNLOAD
 from masd.edges.http.shared import (
     CONSOLE_PATH,
     Handler,
@@ -56,7 +55,6 @@ from masd.edges.http.shared import (
 from masd.metrics import health_gauges, store_gauges
 from masd.read import case_views as readside
 from masd.read import console_case, console_lists, feed, queue_items
-from masd.read.access import ADMIN
 from masd.service import queue_actions as queue
 from masd.store import StoreError
 
@@ -74,10 +72,6 @@ SECURITY_HEADERS: Final = {
     "Referrer-Policy": "no-referrer",
     hdrs.CACHE_CONTROL: "no-store",
 }
-#: The policy of the bytes of a mail: nothing loads, nothing runs, not even in a frame.
-DOWNLOAD_CSP: Final = "sandbox; default-src 'none'; frame-ancestors 'none'"
-#: Headers a console route adds to an answer another module builds (a mail's bytes).
-DOWNLOAD: Final = web.RequestKey("console_download", dict)
 _HTML: Final = "text/html"
 #: The style sheet, the script and the icon, read once: name -> (content type, bytes).
 _STATIC_DIR: Final = Path(masd.console.__file__).resolve().parent / "static"
@@ -318,29 +312,6 @@ async def _case(request: web.Request, served: Served, session: Session) -> web.S
     return html(page)
 
 
-async def _bytes(
-    request: web.Request, served: Served, serve: Handler, headers: dict[str, str]
-) -> web.StreamResponse:
-    """The read side's route ``serve`` for the session, as the admin, answered as a
-    download; a refusal is a page of the console's (without the download's headers)."""
-    request[READER] = ADMIN
-    request[DOWNLOAD] = {hdrs.CONTENT_SECURITY_POLICY: DOWNLOAD_CSP, **headers}
-    try:
-        return await serve(request, served)
-    except HttpRefusal:
-        del request[DOWNLOAD]
-        raise
-
-
-async def _raw(request: web.Request, served: Served, session: Session) -> web.StreamResponse:
-    name = message.disposition(request.match_info["ref"] + ".eml")
-    return await _bytes(request, served, message.raw, {hdrs.CONTENT_DISPOSITION: name})
-
-
-async def _attachment(request: web.Request, served: Served, session: Session) -> web.StreamResponse:
-    return await _bytes(request, served, message.attachment, {})
-
-
 async def _outbox(request: web.Request, served: Served, session: Session) -> web.StreamResponse:
     listing = await stored(
         served.store.read(lambda tx: queue_items.listing(tx, queue_items.MAX_ITEMS))
@@ -493,6 +464,11 @@ ROUTES: Final = (
     Route("GET", ROOT + "suppressions", signed_in(_suppressions), "console"),
     Route("GET", ROOT + "health", signed_in(_health), "console"),
     Route("GET", ROOT + "events", signed_in(_events), "console"),
-    Route("GET", ROOT + "messages/{ref}/raw", signed_in(_raw), "console"),
-    Route("GET", ROOT + "messages/{ref}/attachments/{n}", signed_in(_attachment), "console"),
+    Route("GET", ROOT + "messages/{ref}/raw", signed_in(console_mail.raw), "console"),
+    Route(
+        "GET",
+        ROOT + "messages/{ref}/attachments/{n}",
+        signed_in(console_mail.attachment),
+        "console",
+    ),
 )
