@@ -13,7 +13,7 @@ from typing import Any, Final
 from masd.console.markup import (
     Html,
     case_href,
-    definitions,
+    definition_items,
     esc,
     frame,
     href,
@@ -148,7 +148,7 @@ def _handoffs(items: Iterable[Doc]) -> Html:
 def _about(c: Doc, counted: Mapping[str, int]) -> Html:
     """What the case is, then its counts, each ``data-count`` so the script keeps it
     in step with the rows that arrive."""
-    about = definitions(
+    about = definition_items(
         [
             ("Address", c.get("address")),
             ("Key", c.get("key")),
@@ -161,7 +161,7 @@ def _about(c: Doc, counted: Mapping[str, int]) -> Html:
         f'<dt>{esc(label)}</dt><dd data-count="{esc(name)}">{esc(counted.get(name, 0))}</dd>'
         for name, label in COUNTS
     )
-    return Html(about[: -len("</dl>")] + shown + "</dl>")
+    return Html(f"<dl>{about}{shown}</dl>")
 
 
 def case(
