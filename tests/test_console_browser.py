@@ -142,6 +142,19 @@ def header_counts(driver: WebDriver) -> dict[str, int]:
     return {node.get_attribute("data-count") or "": int(node.text) for node in found}
 
 
+def header_and_rows(driver: WebDriver) -> tuple[dict[str, int], tuple[int, int]]:
+    """The header's counts and the timeline's entries and mails in, read at one moment
+    (in one script, between two events of the feed)."""
+    counts, entries, mails = driver.execute_script(
+        "const counts = {};"
+        "for (const n of document.querySelectorAll('dd[data-count]'))"
+        "  counts[n.dataset.count] = Number(n.textContent);"
+        "return [counts, document.querySelectorAll('#timeline li.entry').length,"
+        "  document.querySelectorAll('#timeline li.entry.kind-mail-in').length];"
+    )
+    return {str(k): int(v) for k, v in counts.items()}, (int(entries), int(mails))
+
+
 def own_words(base: str, secret: str, mail: WebElement) -> str:
     """The words the row should show, as the HTTP API gives the mail's event: its
     ``reply_text`` where it has one, else its ``text`` (trailing blank lines aside, as
@@ -155,9 +168,8 @@ def own_words(base: str, secret: str, mail: WebElement) -> str:
     return str(event.get("reply_text", event["text"])).strip()
 
 
-def downloaded(driver: WebDriver, name: str) -> bytes:
+def downloaded(directory: Path, name: str) -> bytes:
     """The bytes of the file ``name`` once the browser has finished downloading it."""
-    directory = Path(driver.capabilities["chrome"]["userDataDir"]).parent / "downloads"
     target = directory / name
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
@@ -168,7 +180,7 @@ def downloaded(driver: WebDriver, name: str) -> bytes:
 
 
 def test_an_operator_walks_through_the_console(
-    browser: WebDriver, masd: tuple[MasdProcess, str, int, str]
+    browser: WebDriver, masd: tuple[MasdProcess, str, int, str], tmp_path: Path
 ) -> None:
     _, base, lmtp_port, secret = masd
     lmtp(lmtp_port, "ticket!callback@help.example", "Printer on fire")
@@ -209,11 +221,8 @@ def test_an_operator_walks_through_the_console(
     lmtp(lmtp_port, address, "Any news?")
     wait_for(browser, "#timeline li.entry.kind-mail-in:last-of-type .what", "Any news?")
     assert len(browser.find_elements(By.CSS_SELECTOR, "#timeline li.entry")) > before
-    counted = header_counts(browser)  # the header follows the rows that arrived
-    assert counted["entries"] == len(browser.find_elements(By.CSS_SELECTOR, "#timeline li.entry"))
-    assert counted["mails_in"] == len(
-        browser.find_elements(By.CSS_SELECTOR, "#timeline li.entry.kind-mail-in")
-    )
+    counted, rows_shown = header_and_rows(browser)  # the header follows the rows that arrived
+    assert (counted["entries"], counted["mails_in"]) == rows_shown
 
     # A reply with a file arrives: its own words show, the whole text is a click away, the
     # file downloads, and the header counts one more mail and one more attachment.
@@ -231,16 +240,16 @@ def test_an_operator_walks_through_the_console(
     WebDriverWait(browser, WAIT).until(
         lambda _: header_counts(browser)["attachments"] == counted["attachments"] + 1
     )
-    now = header_counts(browser)
+    now, rows_shown = header_and_rows(browser)
     assert now["mails_in"] == counted["mails_in"] + 1
-    assert now["entries"] == len(browser.find_elements(By.CSS_SELECTOR, "#timeline li.entry"))
+    assert (now["entries"], now["mails_in"]) == rows_shown
     browser.set_window_size(1280, 1700)  # the whole case in one picture (docs/console-case.png)
     browser.execute_script("window.scrollTo(0, 0)")
     shot(browser, "case")
     browser.set_window_size(1280, 860)
     no_errors(browser)
     mail.find_element(By.CSS_SELECTOR, "a.attachment").click()
-    assert downloaded(browser, "plan.pdf") == PDF
+    assert downloaded(tmp_path / "downloads", "plan.pdf") == PDF
     # The page read anew counts what the script counted.
     browser.refresh()
     wait_for(browser, f"{last} .what", "Re: Any news?")
