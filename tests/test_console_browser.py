@@ -37,6 +37,14 @@ from masd.testing.lmtpclient import deliver
 REPLY = "Tuesday at 10 works for me."
 QUOTED = f"{REPLY}\n\nOn Mon, 30 Nov 2026, Help Desk wrote:\n> When may we come by?\n"
 PDF = b"%PDF-1.4\n" + bytes(range(256)) * 16
+#: A file that would change the page it is shown in.
+HOSTILE = b"<html><script>document.title = 'ran'</script><p>Invoice</p></html>"
+#: An attachment: (filename, content type, bytes).
+File = tuple[str, str, bytes]
+FILES: tuple[File, ...] = (
+    ("plan.pdf", "application/pdf", PDF),
+    ("invoice.html", "text/html", HOSTILE),
+)
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "build" / "screenshots"
 WAIT = 20.0
@@ -103,13 +111,15 @@ def masd(tmp_path: Path) -> Iterator[tuple[MasdProcess, str, int, str]]:
 
 
 def lmtp(
-    port: int, to: str, subject: str, body: str = "Hello.\n", file: bytes | None = None
+    port: int, to: str, subject: str, body: str = "Hello.\n", files: tuple[File, ...] = ()
 ) -> None:
     _, raw = mx_mail("ann@example.org", to, name="Ann Example", subject=subject, body=body)
-    if file is not None:
+    if files:
         msg = email.message_from_bytes(raw, policy=email.policy.SMTP)
         assert isinstance(msg, EmailMessage)
-        msg.add_attachment(file, maintype="application", subtype="pdf", filename="plan.pdf")
+        for name, kind, data in files:
+            main, sub = kind.split("/")
+            msg.add_attachment(data, maintype=main, subtype=sub, filename=name)
         raw = msg.as_bytes()
     result = asyncio.run(deliver(("127.0.0.1", port), "ann@example.org", [to], raw))
     assert result.codes == (250,), result
@@ -224,9 +234,9 @@ def test_an_operator_walks_through_the_console(
     counted, rows_shown = header_and_rows(browser)  # the header follows the rows that arrived
     assert (counted["entries"], counted["mails_in"]) == rows_shown
 
-    # A reply with a file arrives: its own words show, the whole text is a click away, the
-    # file downloads, and the header counts one more mail and one more attachment.
-    lmtp(lmtp_port, address, "Re: Any news?", body=QUOTED, file=PDF)
+    # A reply with two files arrives: its own words show, the whole text is a click away, the
+    # files download, and the header counts one more mail and its two attachments.
+    lmtp(lmtp_port, address, "Re: Any news?", body=QUOTED, files=FILES)
     last = "#timeline li.entry.kind-mail-in:last-of-type"
     wait_for(browser, f"{last} .what", "Re: Any news?")
     mail = browser.find_element(By.CSS_SELECTOR, f"{last} .mail")
@@ -238,7 +248,7 @@ def test_an_operator_walks_through_the_console(
     WebDriverWait(browser, WAIT).until(lambda _: whole.is_displayed())
     assert "When may we come by?" in whole.text
     WebDriverWait(browser, WAIT).until(
-        lambda _: header_counts(browser)["attachments"] == counted["attachments"] + 1
+        lambda _: header_counts(browser)["attachments"] == counted["attachments"] + len(FILES)
     )
     now, rows_shown = header_and_rows(browser)
     assert now["mails_in"] == counted["mails_in"] + 1
@@ -248,8 +258,17 @@ def test_an_operator_walks_through_the_console(
     shot(browser, "case")
     browser.set_window_size(1280, 860)
     no_errors(browser)
-    mail.find_element(By.CSS_SELECTOR, "a.attachment").click()
+    plan, invoice = mail.find_elements(By.CSS_SELECTOR, "a.attachment")
+    plan.click()
     assert downloaded(tmp_path / "downloads", "plan.pdf") == PDF
+    # An HTML file is saved, not shown: neither its link nor its address opens it as a page.
+    title, page = browser.title, browser.current_url
+    invoice.click()
+    assert downloaded(tmp_path / "downloads", "invoice.html") == HOSTILE
+    (tmp_path / "downloads" / "invoice.html").unlink()
+    browser.get(invoice.get_attribute("href") or "")
+    assert downloaded(tmp_path / "downloads", "invoice.html") == HOSTILE
+    assert (browser.title, browser.current_url, len(browser.window_handles)) == (title, page, 1)
     # The page read anew counts what the script counted.
     browser.refresh()
     wait_for(browser, f"{last} .what", "Re: Any news?")
