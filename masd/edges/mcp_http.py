@@ -196,6 +196,7 @@ def _unset() -> asyncio.Protocol:
 
 async def start_mcp(listen: Listen, edge: Served, limits: HttpLimits) -> McpServer:
     """Serve MCP on ``listen`` with the tools of the HTTP edge's ``edge``."""
+    logging.getLogger("mcp").setLevel(logging.WARNING)  # a line per request otherwise
     started = McpServer(McpEdge(edge, InProcess(edge)), limits)
     await started.start(listen)
     return started

@@ -9,12 +9,15 @@ streamable HTTP with a secret; :func:`stdio_session` one with ``masd mcp`` as a 
 
 from __future__ import annotations
 
+import email
+import email.policy
 import json
 import secrets
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +60,18 @@ class World:
     def token_file(self, name: str) -> Path:
         return self.directory / "secrets" / f"{name}.token"
 
-    async def mail(self, rcpt: str, sender: str = ANN, **kw: Any) -> str:
+    async def mail(
+        self, rcpt: str, sender: str = ANN, *, files: tuple[bytes, ...] = (), **kw: Any
+    ) -> str:
+        """Deliver a mail (with ``files`` attached) over LMTP; its Message-ID."""
         message_id, data = mx_mail(sender, rcpt, **kw)
+        if files:
+            msg = email.message_from_bytes(data, _class=EmailMessage, policy=email.policy.SMTP)
+            for n, content in enumerate(files):
+                msg.add_attachment(
+                    content, maintype="application", subtype="octet-stream", filename=f"f{n}.bin"
+                )
+            data = msg.as_bytes()
         result = await lmtpclient.deliver(
             ("127.0.0.1", self.lmtp_port), sender, [rcpt], data, timeout=WAIT
         )
