@@ -41,6 +41,23 @@ def test_each_caller_is_shown_its_own_tools(tmp_path: Path) -> None:
                 assert got.status_code == 401, got.text
                 assert got.json()["error"] == "unauthenticated"
                 assert got.headers["www-authenticate"] == 'Bearer realm="masd"'
+            async with httpx.AsyncClient() as http:
+                huge = await http.post(
+                    w.mcp_url,
+                    content=b"[" + b" " * (1024 * 1024) + b"]",
+                    headers={
+                        "Authorization": f"Bearer {t['crm']}",
+                        "Content-Type": "application/json",
+                    },
+                )
+                assert huge.status_code == 413, huge.text
+                assert huge.json()["error"] == "too-large"
+                elsewhere = await http.post(
+                    w.mcp_url.replace("/mcp", "/other"),
+                    json={},
+                    headers={"Authorization": f"Bearer {t['crm']}"},
+                )
+                assert (elsewhere.status_code, elsewhere.json()["error"]) == (404, "not-found")
             for tool in ("post_status", "send_mail"):
                 async with session(w.mcp_url, t["admin"]) as client:
                     refused = await client.call_tool(tool, {})
@@ -255,3 +272,35 @@ def test_acting_tools_take_the_posts_path(tmp_path: Path) -> None:
                 assert refusal(await mode.call_tool("send_mail", reply))[0] == "forbidden"
 
     asyncio.run(main())
+
+
+def test_the_listener_holds_the_http_listeners_connection_cap(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with mcp_world(tmp_path, max_http_connections=3) as w:
+            held = [await asyncio.open_connection("127.0.0.1", w.mcp_port) for _ in range(3)]
+            reader, writer = await asyncio.open_connection("127.0.0.1", w.mcp_port)
+            answer = await asyncio.wait_for(reader.read(), WAIT)
+            assert answer.startswith(b"HTTP/1.1 503 Service Unavailable\r\n"), answer
+            assert b'"error": "unavailable"' in answer
+            assert b"server.max_http_connections" in answer
+            writer.close()
+            for _, each in held:
+                each.close()
+
+            # Room again once they are closed: the SDK's client is answered.
+            async def names() -> set[str]:
+                return await tool_names(w.mcp_url, w.tokens["crm"])
+
+            await wait_until_answered(names)
+
+    asyncio.run(main())
+
+
+async def wait_until_answered(names: Any) -> None:
+    for _ in range(100):
+        try:
+            assert "send_mail" in await names()
+            return
+        except Exception:
+            await asyncio.sleep(0.1)
+    assert "send_mail" in await names()

@@ -10,7 +10,9 @@ import asyncio
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+from support.masd_process import ROOT, wait_until
 from support.mcp import body, mcp_world, stdio_session
 
 from masd.cli.mcp import NO_CALLER
@@ -53,6 +55,35 @@ def test_stdio_serves_the_callers_tools_and_reads(tmp_path: Path) -> None:
             async with stdio_session(w.config, w.token_file("callback")) as client:
                 names = {t.name for t in (await client.list_tools()).tools}
                 assert names == {"post_status"}
+            nobody = tmp_path / "nobody.token"
+            nobody.write_text("nobody-" + "y" * 32 + "\n")
+            refused = await asyncio.to_thread(masd_mcp, w.config, nobody)
+            assert refused.returncode == NO_CALLER
+            assert f"--token-file {nobody}: Authorization: the secret matches no peer" in (
+                refused.stderr
+            )
+
+            # With no masd running, a message is taken on the store itself; it goes out
+            # once masd runs again.
+            case = {"address": "case=p-1@help.example", "key": "case=p-1@help.example"}
+            async with stdio_session(w.config, w.token_file("crm")) as client:
+                assign = {"intake_ref": intake["intake_ref"], "resource_id": "p-1"}
+                assert not (await client.call_tool("assign_case", assign)).is_error
+            assert await w.masd.terminate() == 0
+            async with stdio_session(w.config, w.token_file("crm")) as client:
+                reply = {"case": case, "in_reply_to": ref, "body": "We sent a new printer.\n"}
+                sent = await client.call_tool("send_mail", reply)
+                assert not sent.is_error, sent
+                thread = body(await client.call_tool("read_case", {"key": case["key"]}))
+                assert "mail.out" in [e["kind"] for e in thread["thread"]["entries"]]
+            await w.masd.start()
+            await wait_until(
+                lambda: any(
+                    "We sent a new printer." in m.message.get_body().get_content()
+                    for m in w.sink.messages
+                ),
+                "the mail taken while masd was stopped, at the relay",
+            )
 
     asyncio.run(main())
 
@@ -69,3 +100,49 @@ def test_stdio_without_its_token_file_is_refused(tmp_path: Path) -> None:
     refused = masd_mcp(config, spaced)
     assert refused.returncode == NO_CALLER
     assert "not one secret of printable ASCII" in refused.stderr
+
+
+def test_the_guides_agent_answers_a_new_case(tmp_path: Path) -> None:
+    """docs/agent.py, as docs/agents.md gives it, works a case end to end."""
+
+    async def main() -> None:
+        async with mcp_world(tmp_path) as w:
+            intake = await w.intake(subject="Broken login", body="I cannot log in since Monday.\n")
+            async with stdio_session(w.config, w.token_file("crm")) as client:
+                assign = {"intake_ref": intake["intake_ref"], "resource_id": "login-7"}
+                assert not (await client.call_tool("assign_case", assign)).is_error
+            agent = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(ROOT / "docs" / "agent.py"),
+                "--masd",
+                str(Path(sys.executable).parent / "masd"),
+                "--config",
+                str(w.config),
+                "--token-file",
+                str(w.token_file("crm")),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=child_env(this_masd=True),
+            )
+            out, err = await asyncio.wait_for(agent.communicate(), 120)
+            assert agent.returncode == 0, err.decode()
+            ref = intake["event"]["message_ref"]
+            assert f"answered {ref} on case=login-7@help.example" in out.decode()
+            answer = "Thank you for writing about: I cannot log in since Monday."
+
+            def answered() -> list[Any]:
+                return [m for m in w.sink.messages if answer in m.message.get_body().get_content()]
+
+            await wait_until(lambda: bool(answered()), "the agent's answer at the relay")
+            (mail,) = answered()
+            assert mail.rcpt_tos == ("ann@example.org",)
+
+    asyncio.run(main())
+
+
+def test_the_guide_shows_the_agent_the_tests_run() -> None:
+    guide = (ROOT / "docs" / "agents.md").read_text("utf-8")
+    shown = guide.split("<!-- agent:begin -->\n```python\n", 1)[1].split("```\n<!-- agent:end -->")[
+        0
+    ]
+    assert shown == (ROOT / "docs" / "agent.py").read_text("utf-8")

@@ -91,7 +91,8 @@ class World:
 
 
 @asynccontextmanager
-async def mcp_world(directory: Path) -> AsyncIterator[World]:
+async def mcp_world(directory: Path, **server_keys: Any) -> AsyncIterator[World]:
+    """masd on loopback with ``server.mcp`` on (and ``server_keys`` in ``[server]``)."""
     names = ("admin", "crm", "other", "transfer", "callback")
     tokens = {name: f"{name}-{secrets.token_hex(16)}" for name in names}
     async with FakePeer() as master, FakePeer() as endpoint, SmtpSink() as sink:
@@ -101,6 +102,7 @@ async def mcp_world(directory: Path) -> AsyncIterator[World]:
             http_port=http_port,
             smtp_port=sink.port,
             mcp=f"127.0.0.1:{mcp_port}",
+            **server_keys,
         )
         other = {"url": "http://127.0.0.1:9/other", "token_file": "secrets/other.token"}
         types = {
