@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import pytest
 from support.masd_process import WAIT
 from support.mcp import body, mcp_world, session
 
@@ -25,6 +26,7 @@ async def tool_names(url: str, secret: str) -> set[str]:
         return {t.name for t in (await client.list_tools()).tools}
 
 
+@pytest.mark.slow
 def test_each_caller_is_shown_its_own_tools(tmp_path: Path) -> None:
     async def main() -> None:
         async with mcp_world(tmp_path) as w:
@@ -82,6 +84,7 @@ def refusal(result: Any) -> tuple[str, str]:
     return found["error"], found["detail"]
 
 
+@pytest.mark.slow
 def test_reading_tools_show_what_the_read_side_shows_and_refuse_as_it_does(
     tmp_path: Path,
 ) -> None:
@@ -182,6 +185,7 @@ async def mails_out(client: Any, key: str) -> int:
     return [e["kind"] for e in case["thread"]["entries"]].count("mail.out")
 
 
+@pytest.mark.slow
 def test_acting_tools_take_the_posts_path(tmp_path: Path) -> None:
     async def main() -> None:
         async with mcp_world(tmp_path) as w:
@@ -274,6 +278,7 @@ def test_acting_tools_take_the_posts_path(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_the_listener_holds_the_http_listeners_connection_cap(tmp_path: Path) -> None:
     async def main() -> None:
         async with mcp_world(tmp_path, max_http_connections=3) as w:

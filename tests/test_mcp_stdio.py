@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.masd_process import ROOT, wait_until
 from support.mcp import body, mcp_world, stdio_session
 
@@ -32,6 +33,7 @@ def masd_mcp(config: Path, token_file: Path) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.slow
 def test_stdio_serves_the_callers_tools_and_reads(tmp_path: Path) -> None:
     async def main() -> None:
         async with mcp_world(tmp_path) as w:
@@ -88,6 +90,7 @@ def test_stdio_serves_the_callers_tools_and_reads(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_stdio_without_its_token_file_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "masd.toml"
     config.write_text("")  # never read: the token file is looked at first
@@ -102,6 +105,7 @@ def test_stdio_without_its_token_file_is_refused(tmp_path: Path) -> None:
     assert "not one secret of printable ASCII" in refused.stderr
 
 
+@pytest.mark.slow
 def test_the_guides_agent_answers_a_new_case(tmp_path: Path) -> None:
     """docs/agent.py, as docs/agents.md gives it, works a case end to end."""
 
