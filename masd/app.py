@@ -254,7 +254,8 @@ class App:
         """Enough open files for the caps of the listeners about to start."""
         server = self.config.server
         run = ["lmtp", "http"]
-        run += [n for n, on in (("policy", server.policy), ("milter", server.milter)) if on]
+        listeners = (("policy", server.policy), ("milter", server.milter), ("mcp", server.mcp))
+        run += [n for n, on in listeners if on]
         wanted = descriptors.need(server, {*run, *inherited})
         before = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         soft = descriptors.ensure(wanted)

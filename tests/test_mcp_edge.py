@@ -9,10 +9,12 @@ import asyncio
 from pathlib import Path
 
 import httpx
-from support.http import ADMIN, CALLBACK, CRM, serving
+import pytest
+from support.http import ADMIN, CALLBACK, CRM, serving, write_config
 from support.mcp import body, session
 
-from masd.config import TcpListen
+from masd.config import ConfigErrors, TcpListen, format_summary, load_config
+from masd.edges.descriptors import need
 from masd.edges.http import HttpLimits
 from masd.edges.mcp_http import start_mcp
 
@@ -84,3 +86,21 @@ def test_tools_by_secret_and_refusals_as_on_http(tmp_path: Path) -> None:
                 await mcp.close()
 
     asyncio.run(main())
+
+
+def test_server_mcp_in_the_configuration(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace("[server]\n", '[server]\nmcp = "127.0.0.1:8026"\n', 1))
+    config = load_config(path)
+    assert config.server.mcp == TcpListen("127.0.0.1", 8026)
+    assert "mcp       127.0.0.1:8026" in format_summary(config)
+    assert need(config.server, ["http", "mcp"]).caps[-1] == (
+        "server.max_http_connections (mcp)",
+        config.server.max_http_connections,
+    )
+    path.write_text(text.replace("[server]\n", '[server]\nmcp = "127.0.0.1:8025"\n', 1))
+    with pytest.raises(ConfigErrors) as refused:
+        load_config(path)
+    assert 'server.mcp: "127.0.0.1:8025" is also server.http' in str(refused.value)
+    assert load_config(write_config(tmp_path)).server.mcp is None

@@ -44,8 +44,8 @@ class McpListenError(ListenError):
     code = "mcp-listen"
 
 
-def _scope(request: web.Request, body: bytes, seat: Seat) -> dict[str, Any]:
-    del body
+def _scope(request: web.Request, seat: Seat) -> dict[str, Any]:
+    """The ASGI scope of ``request``, with the caller (:data:`SEAT`)."""
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -99,7 +99,7 @@ async def _asgi(
                 await response.write_eof()
 
     try:
-        await manager.handle_request(_scope(request, body, seat), receive, send)
+        await manager.handle_request(_scope(request, seat), receive, send)
     finally:
         done.set()
     if response is None:
@@ -142,6 +142,9 @@ class McpServer:
         except web.HTTPException as exc:
             kind = "too-large" if exc.status == 413 else "invalid-message"
             return HttpRefusal(kind, f"{exc.reason}", status=exc.status).response()
+        except Exception:  # masd's own fault: JSON and 503, never a traceback
+            log.exception("mcp fault method=%s path=%s", request.method, request.path)
+            return HttpRefusal("unavailable", "masd failed; retry later (see its log)").response()
         finally:
             self.gate.finished(request.transport)
 
