@@ -88,9 +88,11 @@ async def _asgi(
         if message["type"] == "http.response.start":
             response = web.StreamResponse(status=message["status"])
             for k, v in message.get("headers", []):
-                name = k.decode("latin-1")
-                if name.lower() not in ("content-length", "transfer-encoding"):
-                    response.headers.add(name, v.decode("latin-1"))
+                name, value = k.decode("latin-1"), v.decode("latin-1")
+                if name.lower() == "content-length":
+                    response.content_length = int(value)
+                elif name.lower() != "transfer-encoding":
+                    response.headers.add(name, value)
             await response.prepare(request)
         elif message["type"] == "http.response.body" and response is not None:
             if data := message.get("body", b""):
