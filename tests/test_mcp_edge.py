@@ -10,6 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from support.http import ADMIN, CALLBACK, CRM, serving, write_config
 from support.mcp import body, session
 
@@ -104,3 +107,36 @@ def test_server_mcp_in_the_configuration(tmp_path: Path) -> None:
         load_config(path)
     assert 'server.mcp: "127.0.0.1:8025" is also server.http' in str(refused.value)
     assert load_config(write_config(tmp_path)).server.mcp is None
+
+
+def test_the_current_revision_per_request_is_served_too(tmp_path: Path) -> None:
+    """The SDK's high-level client negotiates the protocol's current revision (no handshake,
+    each request on its own); the caller is still its secret's."""
+
+    async def main() -> None:
+        async with serving(tmp_path) as running:
+            assert running.edge is not None
+            mcp = await start_mcp(TcpListen("127.0.0.1", 0), running.edge.served, HttpLimits())
+            host, port = mcp.addresses[0]
+            url = f"http://{host}:{port}/mcp"
+            try:
+                for secret, expected in ((CRM, "send_mail"), (CALLBACK, "post_status")):
+                    headers = {"Authorization": f"Bearer {secret}"}
+                    async with (
+                        create_mcp_http_client(headers=headers) as http,
+                        Client(streamable_http_client(url, http_client=http)) as client,
+                    ):
+                        assert client.protocol_version == "2026-07-28"
+                        names = {t.name for t in (await client.list_tools()).tools}
+                        assert expected in names
+                        if secret == CALLBACK:
+                            assert names == {"post_status"}
+                            refused = await client.call_tool("read_case", {"key": "x"})
+                            assert body(refused)["error"] == "forbidden"
+                        else:
+                            listed = await client.call_tool("list_cases", {})
+                            assert body(listed) == {"cases": [], "next": None}
+            finally:
+                await mcp.close()
+
+    asyncio.run(main())
