@@ -127,9 +127,11 @@ def test_reading_tools_show_what_the_read_side_shows_and_refuse_as_it_does(
                 assert link.uri.endswith(f"/mas/v0.1/messages/{ref}/attachments/1")
                 assert body(linked)["inline"] is False
                 none = await crm.call_tool("read_attachment", {"message_ref": ref, "n": 2})
+                http_none = await http_get(w, f"/mas/v0.1/messages/{ref}/attachments/2", t["crm"])
+                assert refusal(none) == (http_none["error"], http_none["detail"])
                 assert refusal(none) == (
                     "unknown-message",
-                    f'n: message {ref} has 2 attachments, no "2"',
+                    f"n: message {ref} has 2 attachments, no 2",
                 )
 
                 events = body(await crm.call_tool("wait_events", {}))

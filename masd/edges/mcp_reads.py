@@ -129,7 +129,7 @@ async def read_attachment(
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < len(listed):
         raise HttpRefusal(
             "unknown-message",
-            f"n: message {ref} has {len(listed)} attachments, no {show(str(n))}",
+            f"n: message {ref} has {len(listed)} attachments, no {str(n)[:20]}",
         )
     entry = listed[n]
     url = edge.rt.config.server.public_url.rstrip("/") + ATTACHMENT_PATH.format(ref=ref, n=n)
