@@ -15,6 +15,8 @@ line on (profile §21):
   "Begin forwarded message:", …) and everything after it;
 * an attribution not followed by ``>`` lines (clients that quote without
   marking the quote) and everything after it;
+* the footer a mailing list manager appends (a rule line, then "<list> mailing list"):
+  the list's words, not the sender's;
 * the signature, from a ``-- `` line on (RFC 3676 §4.3: "-- " alone on a
   line; the trailing space is often lost, so ``--`` counts too), and trailing
   sign-offs of mail clients ("Sent from my iPhone", "Envoyé de mon iPhone",
@@ -148,8 +150,18 @@ _SIGN_OFF: Final = re.compile(
     r")[\s.!)>\]*_]*$",
     re.I,
 )
-#: a sign-off is one short line
+#: a sign-off is one short line; up to this many words it needs no device named
 _MAX_SIGN_OFF: Final = 120
+_SHORT_SIGN_OFF: Final = 8
+#: a list footer: a rule and at most this many lines after it
+_LIST_FOOTER: Final = 6
+_LIST_NAME: Final = re.compile(r"\bmailing list\b|\bmailinglist\b|\bmailing-list\b", re.I)
+_DEVICE: Final = re.compile(
+    r"iphone|ipad|ipod|android|mobil|móvil|cell|phone|handy|telefon|téléphone|blackberry"
+    r"|samsung|galaxy|huawei|xiaomi|pixel|nokia|htc|outlook|mail|yahoo|aol|device|tablet"
+    r"|windows|k-9|airmail|spark|proton|gmail",
+    re.I,
+)
 
 #: rounds of the trailing rules (a quote under a sign-off under a quote …):
 #: real mail needs two or three; the bound keeps hostile text linear
@@ -204,6 +216,7 @@ def _trim(lines: list[str], from_html: bool) -> list[str] | None:
         kept = _drop_quote_tail(kept)
         kept = _drop_signature(kept)
         kept = _drop_sign_offs(kept)
+        kept = _drop_list_footer(kept)
         if len(kept) == before:
             break
     kept = _drop_blank_tail(kept)
@@ -215,15 +228,23 @@ def _trim(lines: list[str], from_html: bool) -> list[str] | None:
 def _cut_all(lines: list[str], from_html: bool) -> int:
     """Where a header block, a separator, a forward or an unmarked quote begins.
 
-    "and all after it": the first such line found outside quoted lines ends
-    the reply (a rule line just above it goes too)."""
+    "and all after it": the first such line found outside quoted lines, below
+    some of the sender's own words, ends the reply (a rule line just above it
+    goes too).  One above every own word (a mail that opens with a header
+    block) is no cut: it is not "from the sender's last own line on"."""
+    words = False
     for i, line in enumerate(lines):
         if not line or _QUOTED.match(line):
             continue
         if _DASHED.match(line) or _FORWARD_INTRO.match(line) or _header_block(lines, i):
-            return _above_rule(lines, i)
+            if words:
+                return _above_rule(lines, i)
+            continue  # a marker is nobody's own words
         if not from_html and _unmarked_attribution(lines, i):
-            return _attribution_start(lines, i, strong=True) or 0
+            start = _attribution_start(lines, i, strong=True) or 0
+            if any(has_words(x) for x in lines[:start]):
+                return start
+        words = words or has_words(line)
     return len(lines)
 
 
@@ -360,8 +381,29 @@ def _drop_sign_offs(lines: list[str]) -> list[str]:
         if not line.strip():
             end -= 1
             continue
-        if len(line) <= _MAX_SIGN_OFF and _SIGN_OFF.match(line):
+        if _is_sign_off(line):
             end -= 1
             continue
         break
     return lines[:end] if end < len(lines) else lines
+
+
+def _drop_list_footer(lines: list[str]) -> list[str]:
+    """Without the footer a mailing list manager appends (Mailman: a rule, "<list>
+    mailing list", its address and its page), which is no one's own words."""
+    tail = [i for i in range(max(0, len(lines) - _LIST_FOOTER), len(lines)) if lines[i].strip()]
+    for k, i in enumerate(tail[:-1]):
+        if _RULE.match(lines[i]) and _LIST_NAME.search(lines[tail[k + 1]]):
+            return lines[:i]
+    return lines
+
+
+def _is_sign_off(line: str) -> bool:
+    """A client's sign-off: short, or naming a device or a mail program before its
+    first comma ("Sent from my cell, please excuse typos"; not "Sent from my desk,
+    is much easier than my mobile phone")."""
+    if len(line) > _MAX_SIGN_OFF or not _SIGN_OFF.match(line):
+        return False
+    if len(line.split()) <= _SHORT_SIGN_OFF:
+        return True
+    return _DEVICE.search(line.split(",")[0]) is not None
