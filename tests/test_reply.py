@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
+from support.masd_process import write_master_config
 
 from bench.reply_corpus import load, normal
+from masd.cli import main
+from masd.config import load_config
+from masd.core.address import parse_address
 from masd.core.details import find_fields
+from masd.core.event import build_event
 from masd.core.reply import has_words, reply_text
+from masd.service import Runtime, deliver
+from masd.store import Store
 
 CASES = load()
 
@@ -74,3 +86,129 @@ def test_hostile_text_stays_linear() -> None:
     # many quote/sign-off rounds and attribution-looking lines: bounded work per line
     text = "mine\n" + "Sent from my iPhone\n> q\n" * 20000 + "On 1 Jan 2020 x wrote:\n" * 5000
     assert has_words(reply_text(text))
+
+
+REPLY_MAIL = (
+    b"Authentication-Results: mx.help.example; dmarc=pass header.from=example.com\r\n"
+    b"From: Alice <alice@example.com>\r\nTo: ticket!callback@help.example\r\n"
+    b"Subject: Call me\r\nMessage-ID: <reply-1@example.com>\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n\r\n"
+    b"phone: +1 555 0100\r\n\r\nThanks!\r\n\r\n-- \r\nAlice, phone: +1 555 9999\r\n\r\n"
+    b"Am 3. Feb. 2025 um 10:00 schrieb Desk <desk@help.example>:\r\n"
+    b"> phone: +1 555 0000\r\n"
+)
+
+
+def _delivered(tmp_path: Path) -> tuple[Path, str]:
+    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=25)
+    config = load_config(setup.config)
+    counter = itertools.count(1)
+    rt = Runtime(config, lambda: f"id-{next(counter)}")
+    mail = build_event(
+        REPLY_MAIL,
+        mail_from="alice@example.com",
+        rcpt_to="ticket!callback@help.example",
+        received_at="2026-11-29T10:00:00Z",
+        message_ref="msg-reply-1",
+        trust=rt.trust(),
+    )
+    rcpt = parse_address("ticket!callback@help.example")
+    with Store.open(config.server.database) as store:
+        store.write_sync(
+            lambda db: deliver(rt, db, rcpt, mail, REPLY_MAIL, "0" * 64, 1_790_000_000.0)
+        )
+    return setup.config, "msg-reply-1"
+
+
+def test_case_and_message_show_print_the_reply_first(tmp_path: Path) -> None:
+    config, ref = _delivered(tmp_path)
+    runner = CliRunner()
+    case = runner.invoke(main, ["case", "show", "--config", str(config), "ticket-1"])
+    assert case.exit_code == 0, case.output
+    assert "| Thanks!" in case.stdout
+    assert "schrieb" not in case.stdout
+    assert "555 9999" not in case.stdout
+    whole = runner.invoke(
+        main, ["case", "show", "--config", str(config), "ticket-1", "--whole-text"]
+    )
+    assert "> phone: +1 555 0000" in whole.stdout
+    assert "555 9999" in whole.stdout
+
+    shown = runner.invoke(main, ["message", "show", "--config", str(config), ref])
+    assert shown.exit_code == 0, shown.output
+    reply_at = shown.stdout.index("reply (the sender's own words):")
+    assert "| phone: +1 555 0100" in shown.stdout[reply_at:]
+    assert "schrieb" not in shown.stdout
+    assert "--whole-text" in shown.stdout
+    both = runner.invoke(main, ["message", "show", "--config", str(config), ref, "--whole-text"])
+    assert both.stdout.index("reply (") < both.stdout.index("text (whole):")
+    assert "  | > phone: +1 555 0000" in both.stdout
+
+    doc = json.loads(
+        runner.invoke(main, ["message", "show", "--config", str(config), ref, "--json"]).stdout
+    )
+    event = doc["message"]["event"]
+    assert event["reply_text"] == "phone: +1 555 0100\n\nThanks!"
+    assert event["text"].endswith("> phone: +1 555 0000\n")
+
+
+def test_negotiation_reads_the_details_from_the_reply_only() -> None:
+    from test_engine import TYPE, case, ctx, handoff, mail, of
+
+    from masd.core.engine import SendContract, master_mail
+
+    rcpt = "ticket=gs-1@help.example"
+    body = (
+        "phone: 555 0199\n\n-- \nAlice\nfax: 555 0000\n\n"
+        "On Mon, 3 Feb 2025 at 10:00, Desk <desk@help.example> wrote:\n> fax:\n> phone:\n"
+    )
+    effects = master_mail(
+        case(handoff("negotiating", 3, ("phone", "fax"))),
+        parse_address(rcpt),
+        mail(rcpt, body=body),
+        TYPE,
+        ctx(),
+        new_case_id="",
+    )
+    (send,) = of(SendContract, effects)
+    assert send.message["details"] == {"phone": "555 0199"}
+
+
+def test_a_handoff_request_takes_no_details_from_the_quoted_mail() -> None:
+    from test_engine import TYPE, ctx, mail, of
+
+    from masd.core.engine import SendContract, master_mail
+
+    rcpt = "ticket!callback@help.example"
+    body = "Please call.\n\nFrom: Desk\nSent: Monday\nTo: Alice\nSubject: Re: x\n\nphone: 1\n"
+    effects = master_mail(
+        None, parse_address(rcpt), mail(rcpt, body=body), TYPE, ctx(), new_case_id="gs-1"
+    )
+    (send,) = of(SendContract, effects)
+    assert send.message["details"] == {"subject": "Help"}
+
+
+def test_hostile_html_stays_linear() -> None:
+    from masd.core.htmltext import html_to_text
+    from masd.core.reply_html import html_reply_text
+
+    hostile = [
+        "<div " + "class=x " * 100_000 + ">mine</div>",  # unquoted values, one tag
+        '<div title="' + "class='a " * 50_000 + '">mine</div>',
+        "mine" + "<blockquote>" * 50_000 + "q",  # never closed
+        "mine" + '<div class="gmail_quote">q</div>own' * 20_000,
+        "<p>mine</p>" + '<blockquote type="cite">q</blockquote>' * 20_000,
+    ]
+    for html in hostile:
+        text = html_to_text(html)
+        assert has_words(html_reply_text(html, text)) == has_words(text)
+
+
+def test_html_quotes_followed_by_own_words_are_kept() -> None:
+    from masd.core.htmltext import html_to_text
+    from masd.core.reply_html import html_reply_text
+
+    html = "<blockquote>Which size?</blockquote>Large.<blockquote>Colour?</blockquote>Blue."
+    assert normal(html_reply_text(html, html_to_text(html))) == "Which size? Large. Colour? Blue."
+    trailing = "Blue.<div class='gmail_quote'>On Mon, Bob wrote:<blockquote>x</blockquote></div>"
+    assert html_reply_text(trailing, html_to_text(trailing)) == "Blue."

@@ -1,4 +1,4 @@
-"""The sender's own words of a mail's text: ``reply_text`` (docs/protocol.md §15.1).
+"""The sender's own words of a mail's text: ``reply_text`` (docs/protocol.md §15.2).
 
 The event's ``text`` is the whole body; ``reply_text`` is that text less what
 the sender only repeated or appended by habit, so a master, a mode or an
@@ -53,13 +53,17 @@ _VERBS: Final = (
     r"wrote|writes|said|schrieb|geschrieben|a écrit|a ecrit|escribió|escribio|escreveu"
     r"|ha scritto|scrisse|schreef|heeft geschreven|napisał\(a\)|napisał|napisała|napisal"
     r"|skrev|kirjoitti|написал\(а\)|написал|написала|пишет|писал|пише|написав|написала"
-    r"|写道|寫道|のメッセージ|のメール|が書きました|wrote\s*\(.*\)"
+    r"|写道|寫道|のメッセージ|のメール|が書きました"
 )
 _VERB: Final = re.compile(rf"(?:^|\W)(?:{_VERBS})(?:\W|$)", re.I)
-_VERB_END: Final = re.compile(rf"(?:{_VERBS})\s*[:：]?\s*-*\s*$", re.I)
+#: the verbs as plain strings: a line's end is compared with str.endswith, far
+#: cheaper than a search with the alternation at every position
+_VERB_WORDS: Final = tuple(v.replace("\\", "") for v in _VERBS.split("|"))
 #: a line opening a wrapped attribution: a date first, or a name and an address
 _HEAD: Final = re.compile(r"^\s*(?:\d|.{0,80}<\S*$|.{0,80}@)")
 _MAX_ATTRIBUTION: Final = 400
+#: the verb and what may follow it fit in a line's last characters (searched alone)
+_VERB_TAIL: Final = 40
 _OPENERS: Final = r"on|am|le|el|il|op|em|den|dne|w dniu|dnia|в|у|el día|on the|le \w+ \d|在|於|于"
 _OPENER: Final = re.compile(rf"^\s*(?:{_OPENERS})\b", re.I)
 #: a date, a time or an address: what an attribution names besides its verb
@@ -108,16 +112,19 @@ _BLOCK_WINDOW: Final = 8
 # ---------------------------------------------------------------------------
 # Separators: "-----Original Message-----" and the forwarded message markers.
 
-_SEPARATOR_WORDS: Final = (
-    r"original|ursprüngliche|urspr\S*ngliche|originalnachricht|origine|d'origine|originale"
-    r"|oorspronkelijk|oryginalna|ursprungligt|opprinnelig|oprindelig|alkuperäinen"
-    r"|исходное|оригинальное|пересылаемое|переслане|вихідне|原始|元の"
-    r"|forwarded|weitergeleitete|transféré|reenviado|inoltrato|doorgestuurd|encaminhada"
-    r"|reencaminhada|przekazana|vidarebefordrat|videresendt|videresendte|转发|轉寄|転送"
+#: words of a separator line, lowercase ("urspr": Ursprüngliche in any mangled charset)
+_SEPARATOR_STEMS: Final = (
+    *("original", "urspr", "origine", "oorspronkelijk", "oryginalna", "ursprungligt"),
+    *("opprinnelig", "oprindelig", "alkuperäinen", "исходное", "оригинальное", "пересылаемое"),
+    *("переслане", "вихідне", "原始", "元の", "forwarded", "weitergeleitete", "transféré"),
+    *("reenviado", "inoltrato", "doorgestuurd", "encaminhada", "reencaminhada", "przekazana"),
+    *("vidarebefordrat", "videresendt", "转发", "轉寄", "転送"),
 )
-_DASHED: Final = re.compile(
-    rf"^[\s*]*[-=_]{{2,}}\s*.{{0,30}}(?:{_SEPARATOR_WORDS}).{{0,40}}$", re.I
-)
+_DASHES: Final = " \t*-=_"
+#: the words between a separator's dashes are few
+_MAX_SEPARATOR: Final = 60
+#: a forward's introduction is one short line ending with its colon
+_MAX_INTRO: Final = 80
 _FORWARD_INTRO: Final = re.compile(
     r"^\s*(?:begin forwarded message|anfang der weitergeleiteten (?:nachricht|e-mail)"
     r"|début du message réexpédié|début du message transféré|inicio del mensaje reenviado"
@@ -166,6 +173,8 @@ _DEVICE: Final = re.compile(
 #: rounds of the trailing rules (a quote under a sign-off under a quote …):
 #: real mail needs two or three; the bound keeps hostile text linear
 _MAX_ROUNDS: Final = 6
+#: how an attribution's line ends ("wrote:", "写道：", Zoho's "wrote ----")
+_ENDS: Final = frozenset(":：-")
 _QUOTED: Final = re.compile(r"^[ \t]*>")
 _CONTINUED: Final = re.compile(rf"^\s*>\s*(?:(?:{_VERBS})\s*)?[:：]\s*$", re.I)
 _WORD: Final = re.compile(r"\w")
@@ -209,7 +218,7 @@ def own_words(text: str, *, quote_cut: bool = False, from_html: bool = False) ->
 def _trim(lines: list[str], from_html: bool) -> list[str] | None:
     """The lines kept, or None when nothing is removed."""
     end = _cut_all(lines, from_html)
-    kept = lines[:end]
+    kept = lines if end == len(lines) else lines[:end]
     for _ in range(_MAX_ROUNDS):
         before = len(kept)
         kept = _drop_blank_tail(kept)
@@ -234,18 +243,36 @@ def _cut_all(lines: list[str], from_html: bool) -> int:
     block) is no cut: it is not "from the sender's last own line on"."""
     words = False
     for i, line in enumerate(lines):
-        if not line or _QUOTED.match(line):
+        # Cheap tests first: this runs on every line of every mail received.
+        head = line.lstrip(" \t*")[:1]
+        if not head or head == ">":
             continue
-        if _DASHED.match(line) or _FORWARD_INTRO.match(line) or _header_block(lines, i):
+        colon = ":" in line or "：" in line
+        end = line.rstrip()[-1:]
+        if (
+            (head in "-=_" and _is_separator(line))
+            or (end in _ENDS and len(line) <= _MAX_INTRO and _FORWARD_INTRO.match(line))
+            or (colon and _header_block(lines, i))
+        ):
             if words:
                 return _above_rule(lines, i)
             continue  # a marker is nobody's own words
-        if not from_html and _unmarked_attribution(lines, i):
+        if not from_html and end in _ENDS and _unmarked_attribution(lines, i):
             start = _attribution_start(lines, i, strong=True) or 0
             if any(has_words(x) for x in lines[:start]):
                 return start
         words = words or has_words(line)
     return len(lines)
+
+
+def _is_separator(line: str) -> bool:
+    """ "-----Original Message-----", "---------- Forwarded message ---------", …"""
+    inner = line.strip(_DASHES)
+    return (
+        0 < len(inner) <= _MAX_SEPARATOR
+        and line.lstrip(" \t*")[1:2] in "-=_"
+        and any(stem in inner.lower() for stem in _SEPARATOR_STEMS)
+    )
 
 
 def _above_rule(lines: list[str], i: int) -> int:
@@ -276,7 +303,7 @@ def _is_attribution(line: str) -> bool:
     stripped = line.strip()
     if not stripped or len(stripped) > _MAX_ATTRIBUTION:
         return False
-    if _VERB_END.search(stripped):
+    if _verb_end(stripped):
         return True
     if not stripped.endswith((":", "：")) or not _DATED.search(stripped):
         return False
@@ -285,6 +312,11 @@ def _is_attribution(line: str) -> bool:
     return bool(
         _VERB.search(stripped) or _OPENER.match(stripped) or _ADDRESS_COLON.search(stripped)
     )
+
+
+def _verb_end(line: str) -> bool:
+    """Whether ``line`` ends with an attribution's verb (a colon or dashes after it)."""
+    return line[-_VERB_TAIL:].rstrip(" \t:：-").lower().endswith(_VERB_WORDS)
 
 
 def _strong_attribution(line: str) -> bool:
@@ -342,7 +374,7 @@ def _drop_blank_tail(lines: list[str]) -> list[str]:
     end = len(lines)
     while end and not lines[end - 1].strip():
         end -= 1
-    return lines[:end]
+    return lines if end == len(lines) else lines[:end]
 
 
 def _drop_quote_tail(lines: list[str]) -> list[str]:
@@ -368,7 +400,9 @@ def _drop_quote_tail(lines: list[str]) -> list[str]:
 def _drop_signature(lines: list[str]) -> list[str]:
     """Without the signature: from the first ``-- `` line that has own words above it."""
     for i, line in enumerate(lines):
-        if _SIG_DELIMITER.match(line) and any(has_words(x) for x in lines[:i]):
+        if not line.startswith("--") or not _SIG_DELIMITER.match(line):
+            continue
+        if any(has_words(x) for x in lines[:i]):
             return lines[:i]
     return lines
 

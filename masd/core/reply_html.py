@@ -45,12 +45,13 @@ _ALL_AFTER: Final = (
 _ELEMENT: Final = "gmail_quote|yahoo_quoted|protonmail_quote|moz-cite-prefix"
 
 # A start tag carrying one of the marks in its class, id, name or type.
-# ``[^<>]*`` keeps each attempt within one tag: the scan stays linear.
+# ``[^<>]*`` keeps each attempt within one tag and a quoted value's scan ends at
+# its closing quote: the search stays linear.
 # Any blockquote is one too: clients quote in it (type="cite" or a style alone), and
 # the sender's own words after it keep it.
 _MARK: Final = re.compile(
     r"<(?:(?P<bq>blockquote)\b|(?P<tag>[a-z][a-z0-9]*)\b[^<>]*?"
-    r"\b(?:class|id|name|type)\s*=\s*[\"']?[^\"'<>]*?"
+    r"\b(?:class|id|name|type)\s*=\s*(?:\"[^\"<>]*?|'[^'<>]*?|)"
     rf"\b(?:x_)?(?P<mark>{_ALL_AFTER}|{_ELEMENT}))",
     re.I,
 )
