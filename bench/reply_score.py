@@ -136,6 +136,17 @@ def main() -> None:
             for g, c in zip(got, cases, strict=True):
                 if c.name == args.show:
                     print(f"--- {name}:\n{g}")
+    sources = sorted({c.source for c in cases})
+    print(
+        "\nexact, by source:",
+        " ".join(f"{src} ({sum(c.source == src for c in cases)})" for src in sources),
+    )
+    for name, got in replies.items():
+        row = []
+        for src in sources:
+            mine = [(g, c) for g, c in zip(got, cases, strict=True) if c.source == src]
+            row.append(sum(g is not None and normal(g) == normal(c.expected) for g, c in mine))
+        print(f"{name:20} " + " ".join(f"{n:>4}" for n in row))
     masd = zip(replies["masd"], cases, strict=True)
     missed = [c.name for g, c in masd if normal(g or "") != normal(c.expected)]
     print("masd misses:", " ".join(missed) or "none")

@@ -217,21 +217,16 @@ def own_words(text: str, *, quote_cut: bool = False, from_html: bool = False) ->
 
 def _trim(lines: list[str], from_html: bool) -> list[str] | None:
     """The lines kept, or None when nothing is removed."""
-    end = _cut_all(lines, from_html)
-    kept = lines if end == len(lines) else lines[:end]
+    whole = _drop_blank_tail(lines)
+    end = _cut_all(whole, from_html)
+    kept = whole if end == len(whole) else _drop_blank_tail(whole[:end])
     for _ in range(_MAX_ROUNDS):
         before = len(kept)
-        kept = _drop_blank_tail(kept)
-        kept = _drop_quote_tail(kept)
-        kept = _drop_signature(kept)
-        kept = _drop_sign_offs(kept)
-        kept = _drop_list_footer(kept)
+        kept = _drop_list_footer(_drop_sign_offs(_drop_signature(_drop_quote_tail(kept))))
         if len(kept) == before:
             break
-    kept = _drop_blank_tail(kept)
-    if len(kept) == len(_drop_blank_tail(lines)):
-        return None
-    return kept
+        kept = _drop_blank_tail(kept)
+    return None if len(kept) == len(whole) else kept
 
 
 def _cut_all(lines: list[str], from_html: bool) -> int:
@@ -309,9 +304,13 @@ def _is_attribution(line: str) -> bool:
         return False
     # "Max <max@example.org> schrieb am Fr., 28. Apr. 2017 um 11:53 Uhr:",
     # "Le 4 janv. 2016 19:03, Neil <neil@example.org> :", "2016-10-24 15:36 Foo <foo@bar>:"
-    return bool(
-        _VERB.search(stripped) or _OPENER.match(stripped) or _ADDRESS_COLON.search(stripped)
-    )
+    return bool(_has_verb(stripped) or _OPENER.match(stripped) or _ADDRESS_COLON.search(stripped))
+
+
+def _has_verb(line: str) -> bool:
+    """Whether an attribution's verb is a word of ``line`` (substrings first: cheap)."""
+    low = line.lower()
+    return any(verb in low for verb in _VERB_WORDS) and _VERB.search(line) is not None
 
 
 def _verb_end(line: str) -> bool:
@@ -327,7 +326,7 @@ def _strong_attribution(line: str) -> bool:
     return bool(
         len(stripped) <= _MAX_ATTRIBUTION
         and _is_attribution(stripped)
-        and _VERB.search(stripped)
+        and _has_verb(stripped)
         and (_OPENER.match(stripped) or "@" in stripped)
         and _DATED.search(stripped)
     )
@@ -335,12 +334,13 @@ def _strong_attribution(line: str) -> bool:
 
 def _attribution_head(line: str) -> bool:
     """Whether a line can open an attribution wrapped over several lines."""
-    return bool(_OPENER.match(line) or _HEAD.match(line) or _VERB.search(line))
+    return bool(_OPENER.match(line) or _HEAD.match(line) or _has_verb(line))
 
 
 def _unmarked_attribution(lines: list[str], i: int) -> bool:
     """An attribution ending at ``i`` followed by text that is not marked as quoted."""
-    if not _is_attribution(lines[i]):
+    near = " ".join(lines[max(0, i - 2) : i + 1]).lower()
+    if not any(verb in near for verb in _VERB_WORDS) or not _is_attribution(lines[i]):
         return False
     if _attribution_start(lines, i, strong=True) is None:
         return False
@@ -425,10 +425,11 @@ def _drop_sign_offs(lines: list[str]) -> list[str]:
 def _drop_list_footer(lines: list[str]) -> list[str]:
     """Without the footer a mailing list manager appends (Mailman: a rule, "<list>
     mailing list", its address and its page), which is no one's own words."""
-    tail = [i for i in range(max(0, len(lines) - _LIST_FOOTER), len(lines)) if lines[i].strip()]
-    for k, i in enumerate(tail[:-1]):
-        if _RULE.match(lines[i]) and _LIST_NAME.search(lines[tail[k + 1]]):
-            return lines[:i]
+    for i in range(max(0, len(lines) - _LIST_FOOTER), len(lines) - 1):
+        if lines[i][:1] in "_-=*" and _RULE.match(lines[i]):
+            nxt = _next_nonblank(lines, i + 1)
+            if nxt is not None and _LIST_NAME.search(lines[nxt]):
+                return lines[:i]
     return lines
 
 
