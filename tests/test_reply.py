@@ -212,3 +212,26 @@ def test_html_quotes_followed_by_own_words_are_kept() -> None:
     assert normal(html_reply_text(html, html_to_text(html))) == "Which size? Large. Colour? Blue."
     trailing = "Blue.<div class='gmail_quote'>On Mon, Bob wrote:<blockquote>x</blockquote></div>"
     assert html_reply_text(trailing, html_to_text(trailing)) == "Blue."
+
+
+def test_reply_text_reaches_the_master_and_the_message_route(tmp_path: Path) -> None:
+    """Over LMTP and HTTP against a running masd: case.intake's event and GET
+    /mas/v0.1/messages/{ref} carry reply_text (an HTML-only Outlook reply, Yahoo's text)."""
+    import asyncio
+
+    from support.readers import running
+
+    wanted = {c.name: c for c in CASES if c.name in {"masd/outlook_html_only", "talon/yahoo"}}
+
+    async def main() -> None:
+        async with running(tmp_path) as r:
+            for case in wanted.values():
+                intake = await r.intake(r.crm, "case@help.example", case.raw)
+                event = intake["event"]
+                assert normal(event["reply_text"]) == normal(case.expected)
+                assert len(event["text"]) > len(event["reply_text"])
+                ref = event["message_ref"]
+                doc = (await r.get(f"/mas/v0.1/messages/{ref}", "crm")).json()["message"]
+                assert doc["event"]["reply_text"] == event["reply_text"]
+
+    asyncio.run(main())
