@@ -235,3 +235,19 @@ def test_reply_text_reaches_the_master_and_the_message_route(tmp_path: Path) -> 
                 assert doc["event"]["reply_text"] == event["reply_text"]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("text", "reply"),
+    [
+        ("Done.\n\nSent from my iPhone\n", "Done."),
+        ("Done.\n\nSent from my TI-85\n", "Done."),
+        ("Done.\n\nVon meinem iPhone gesendet\n", "Done."),
+        ("Done.\n\niPhoneから送信\n", "Done."),
+        ("Done.\n\nGet Outlook for Android<https://aka.ms/ghei36>\n", "Done."),
+        ("Done.\n\nSent by courier today\n", "Done.\n\nSent by courier today\n"),
+        ("Done.\n\nSent on Monday.\n", "Done.\n\nSent on Monday.\n"),
+    ],
+)
+def test_client_sign_offs_go_and_sentences_stay(text: str, reply: str) -> None:
+    assert reply_text(text) == reply

@@ -140,6 +140,8 @@ _RULE: Final = re.compile(r"^\s*(?:_{8,}|-{8,}|={8,}|\*{8,})\s*$")
 # ---------------------------------------------------------------------------
 # Signatures and the sign-offs mail clients append.
 
+#: the mark a mail-tracking extension for Gmail leaves as a last line
+_TRACKER: Final = "ᐧ"
 _SIG_DELIMITER: Final = re.compile(r"^(?:-- ?|--\s*)$")
 _SIGN_OFF: Final = re.compile(
     r"^[\s(<\[*_]*(?:"
@@ -153,15 +155,19 @@ _SIGN_OFF: Final = re.compile(
     r"|diese nachricht wurde (?:von|mit) .{0,90}(?:gesendet|verschickt)"
     r"|(?:从|從|来自)我的.{0,40}"
     r"|.{0,40}から送信"
-    r"|ᐧ"  # the mark a mail-tracking extension for Gmail leaves
+    rf"|{_TRACKER}"
     r")[\s.!)>\]*_]*$",
     re.I,
 )
-#: a sign-off is one short line; up to this many words it needs no device named
+#: a sign-off is one short line; up to this many words, "my" stands for a device
 _MAX_SIGN_OFF: Final = 120
 _SHORT_SIGN_OFF: Final = 8
 #: a list footer: a rule and at most this many lines after it
 _LIST_FOOTER: Final = 6
+_POSSESSIVE: Final = re.compile(
+    r"\b(?:my|mon|ma|mein\w*|mi|meu|min|mitt|mijn|mio|mój|mojego|moim|моего|мого)\b|我的",
+    re.I,
+)
 _LIST_NAME: Final = re.compile(r"\bmailing list\b|\bmailinglist\b|\bmailing-list\b", re.I)
 _DEVICE: Final = re.compile(
     r"iphone|ipad|ipod|android|mobil|móvil|cell|phone|handy|telefon|téléphone|blackberry"
@@ -434,11 +440,12 @@ def _drop_list_footer(lines: list[str]) -> list[str]:
 
 
 def _is_sign_off(line: str) -> bool:
-    """A client's sign-off: short, or naming a device or a mail program before its
-    first comma ("Sent from my cell, please excuse typos"; not "Sent from my desk,
-    is much easier than my mobile phone")."""
+    """A client's sign-off: it names a device or a mail program before its first comma
+    ("Sent from my cell, please excuse typos"), or is short and says "my" ("Sent from
+    my TI-85"); not "Sent by courier today" nor "Sent from my desk, is much easier than
+    my mobile phone"."""
     if len(line) > _MAX_SIGN_OFF or not _SIGN_OFF.match(line):
         return False
-    if len(line.split()) <= _SHORT_SIGN_OFF:
+    if _DEVICE.search(line.split(",")[0]) or line.strip() == _TRACKER:
         return True
-    return _DEVICE.search(line.split(",")[0]) is not None
+    return len(line.split()) <= _SHORT_SIGN_OFF and _POSSESSIVE.search(line) is not None
