@@ -51,11 +51,24 @@ def message() -> None:
     help="Write the bytes of --raw or --attachment to FILE instead of stdout.",
 )
 @click.option("--json", "as_json", is_flag=True, help="As GET /mas/v0.1/messages/REF.")
+@click.option(
+    "--whole-text",
+    "whole",
+    is_flag=True,
+    help="After the sender's own words, the whole text (quoted mail and signature too).",
+)
 def message_show(
-    config_file: Path, ref: str, raw: bool, index: int | None, output: Path | None, as_json: bool
+    config_file: Path,
+    ref: str,
+    raw: bool,
+    index: int | None,
+    output: Path | None,
+    as_json: bool,
+    whole: bool,
 ) -> None:
     """Print message REF (a message_ref, as in a mail.in entry): who sent it, to whom,
-    its authentication, its attachments and its text.
+    its authentication, its attachments and the sender's own words (its reply_text:
+    the text less quoted mail and signature); --whole-text adds the whole text.
 
     With --raw, the bytes as received; with --attachment N, attachment N's decoded
     bytes (to stdout, or to FILE with -o).
@@ -74,7 +87,7 @@ def message_show(
             if as_json:
                 _json(found.doc)
             else:
-                click.echo(format_message(found.doc), nl=False)
+                click.echo(format_message(found.doc, whole=whole), nl=False)
             return
         _write_bytes(store, found.doc["message"], index, output)
 

@@ -179,7 +179,8 @@ def format_case(
 
     ``case`` is :func:`masd.read.case_views.case_json`'s document (or its inner ``"case"``),
     ``thread`` :func:`masd.read.case_views.thread_json`'s (entries shown in the order given).
-    ``texts``: the text of each ``mail.in`` by its ``message_ref``, shown below its line.
+    ``texts``: the text of each ``mail.in`` by its ``message_ref``, shown below its line
+    (its ``reply_text``, or its whole ``text`` when the caller chose it).
     """
     c = case.get("case", case)
     lines = [
@@ -207,9 +208,10 @@ def format_case(
     return "\n".join(lines) + "\n"
 
 
-def format_message(doc: Mapping[str, Any]) -> str:
+def format_message(doc: Mapping[str, Any], *, whole: bool = False) -> str:
     """``masd message show``: the message's record, its event's fields, its attachments
-    (by index, as ``--attachment N`` takes them) and its text."""
+    (by index, as ``--attachment N`` takes them), its reply text and, with ``whole``,
+    its whole text."""
     m = doc.get("message", doc)
     ev = m.get("event") or {}
     case = m.get("case")
@@ -237,8 +239,15 @@ def format_message(doc: Mapping[str, Any]) -> str:
             f"  {n}  {_q(a.get('filename') or '(no name)')}  {_clean(a.get('content_type'))}"
             f"  {a.get('size')} bytes  sha256 {a.get('sha256')}"
         )
-    lines.append("text:")
-    lines.extend(format_text(ev.get("text") or "", "  | "))
+    text = str(ev.get("text") or "")
+    reply = str(ev.get("reply_text") or text)
+    lines.append("reply (the sender's own words):")
+    lines.extend(format_text(reply, "  | "))
+    if whole:
+        lines.append("text (whole):")
+        lines.extend(format_text(text, "  | "))
+    elif reply != text:
+        lines.append("  (quoted mail or a signature left out: --whole-text shows the whole text)")
     return "\n".join(lines) + "\n"
 
 

@@ -98,9 +98,16 @@ def case() -> None:
 @CONFIG
 @click.argument("case_name", metavar="CASE")
 @click.option("--json", "as_json", is_flag=True, help="The case and its thread as JSON.")
-def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
-    """Print CASE and its thread as a timeline, with each send's delivery state and the
-    text of each mail received.
+@click.option(
+    "--whole-text",
+    "whole",
+    is_flag=True,
+    help="Each mail's whole text, quoted mail and signature too.",
+)
+def case_show(config_file: Path, case_name: str, as_json: bool, whole: bool) -> None:
+    """Print CASE and its thread as a timeline, with each send's delivery state and,
+    under each mail received, the sender's own words (its reply_text: the text less
+    quoted mail and signature), or with --whole-text its whole text.
 
     CASE is the case's address or key in any spelling (ticket=GS-1@help.example),
     or its id alone (gs-1) when one case has it.
@@ -112,7 +119,7 @@ def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
         key = _one_case(store, case_name)
         found = store.read_sync(lambda db: case_json(db, key))
         thread = store.read_sync(lambda db: thread_json(db, key, 0, 10**9))
-        texts = _texts(store, thread)
+        texts = _texts(store, thread, "text" if whole else "reply_text")
     assert found is not None
     if as_json:
         _json({**found, "thread": thread})
@@ -120,8 +127,9 @@ def case_show(config_file: Path, case_name: str, as_json: bool) -> None:
         click.echo(format_case(found, thread, texts), nl=False)
 
 
-def _texts(store: StoreHandle, thread: dict[str, Any] | None) -> dict[str, str]:
-    """The text of each mail.in of ``thread``, by message_ref (docs/protocol.md §16.6, §16.8)."""
+def _texts(store: StoreHandle, thread: dict[str, Any] | None, field: str) -> dict[str, str]:
+    """The ``field`` (``text`` or ``reply_text``) of each mail.in of ``thread``, by
+    message_ref (docs/protocol.md §16.6, §16.8)."""
     from masd.read.messages import message
 
     refs = [
@@ -135,7 +143,7 @@ def _texts(store: StoreHandle, thread: dict[str, Any] | None) -> dict[str, str]:
         for ref in refs:
             found = message(tx, ref)
             if found is not None:
-                texts[ref] = str(found.event.get("text") or "")
+                texts[ref] = str(found.event.get(field) or found.event.get("text") or "")
         return texts
 
     return store.read_sync(read)

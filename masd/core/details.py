@@ -4,6 +4,10 @@
 fields list found in the mail's text as a name: value line (name
 case-insensitive)."  A negotiation question lists each needed field as an
 empty ``name:`` line; a reply fills them in the same way.
+
+The text searched is the event's ``reply_text`` (profile §21): the sender's
+own words, so a ``name: value`` line of the quoted question, of an Outlook
+header block or of a signature is never taken for the sender's answer.
 """
 
 from __future__ import annotations

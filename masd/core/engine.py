@@ -389,7 +389,7 @@ def handoff_request(
     field of the endpoint's fields list found in the mail's text".  ``deadline_at`` (the
     master role's handoffs have one) is sent as RFC 3339, an added field (docs/protocol.md §8.6)."""
     details = {"subject": mail.event.subject or ""}
-    details.update(find_fields(mail.event.text or "", fields))
+    details.update(find_fields(mail.event.reply_text, fields))
     message = envelope(
         "handoff.request",
         ctx.new_id(),
@@ -416,7 +416,7 @@ def negotiation_reply(case: CaseView, mail: ParsedMail) -> list[Effect]:
         return []
     if not same_address(mail.event.from_address, case.participant):
         return []
-    details = find_fields(mail.event.text or "", h.needs)
+    details = find_fields(mail.event.reply_text, h.needs)
     if not details:
         return []
     return [

@@ -39,6 +39,7 @@ from masd.core.mime import split_lines as _split_lines  # noqa: F401  (tests rea
 from masd.core.mime import split_multipart as _split_multipart  # noqa: F401  (tests read it here)
 from masd.core.mime import split_simple as _split_simple  # noqa: F401  (tests read it here)
 from masd.core.parts import read_parts
+from masd.core.reply import reply_text
 from masd.core.rfc5322 import mailboxes, msg_id, msg_ids
 from masd.core.trust import (
     AUTOMATION_HEADERS,
@@ -155,6 +156,10 @@ class GatewayEvent:
     automated_reason: str | None
     #: attachments found beyond the MAX_ATTACHMENTS listed (0: the list is whole)
     attachments_omitted: int = 0
+    #: the text less quoted mail, attributions, header blocks, forwards and the
+    #: signature (profile §21, masd.core.reply); "" (while ``text`` has words): made
+    #: from ``text``, as for an event recorded before the field existed
+    reply_text: str = ""
 
     def __post_init__(self) -> None:
         # "encoding is strict (every field bounded)": an event that exists is valid.
@@ -180,6 +185,17 @@ class GatewayEvent:
             raise _refuse("text must be a string")
         if len(self.text) * 4 > MAX_TEXT_BYTES and _utf8_len(self.text) > MAX_TEXT_BYTES:
             raise _refuse(f"text is over {MAX_TEXT_BYTES} bytes of UTF-8")
+        if self.reply_text == "" and isinstance(self.text, str) and self.text:
+            # An event recorded before reply_text existed, or built from text
+            # alone: the text rules give it (HTML marks are not at hand here).
+            object.__setattr__(self, "reply_text", reply_text(self.text))
+        if not isinstance(self.reply_text, str):
+            raise _refuse("reply_text must be a string")
+        if (
+            len(self.reply_text) * 4 > MAX_TEXT_BYTES
+            and _utf8_len(self.reply_text) > MAX_TEXT_BYTES
+        ):
+            raise _refuse(f"reply_text is over {MAX_TEXT_BYTES} bytes of UTF-8")
         if not isinstance(self.attachments, tuple) or len(self.attachments) > MAX_ATTACHMENTS:
             raise _refuse(f"attachments must be a list of at most {MAX_ATTACHMENTS} entries")
         for att in self.attachments:
@@ -211,6 +227,7 @@ class GatewayEvent:
             "subject": self.subject,
             "date": self.date,
             "text": self.text,
+            "reply_text": self.reply_text,
             "attachments": [a.to_json() for a in self.attachments],
             "auth": {"dmarc": self.dmarc, "authserv_id": self.authserv_id},
             "automated": {"is": self.automated, "reason": self.automated_reason},
@@ -264,6 +281,8 @@ class GatewayEvent:
             automated=_get(automated, "is", "automated.is"),
             automated_reason=_get(automated, "reason", "automated.reason"),
             attachments_omitted=data.get("attachments_omitted", 0),
+            # absent from events recorded before it existed: made from text
+            reply_text=data.get("reply_text", ""),
         )
 
 
@@ -422,6 +441,7 @@ def build_event(
         subject=_cap(_one_line(decode_words(subject)), MAX_SUBJECT) if subject else "",
         date=(_cap(_one_line(date), MAX_DATE) or None) if date is not None else None,
         text=parts.text,
+        reply_text=parts.reply_text,
         attachments=attachments,
         attachments_omitted=parts.omitted,
         dmarc=auth.dmarc,

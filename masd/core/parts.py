@@ -38,6 +38,8 @@ from masd.core.mime import (
     lf,
     one_line,
 )
+from masd.core.reply import reply_text
+from masd.core.reply_html import html_reply_text
 from masd.core.tnef import is_tnef, tnef_files
 from masd.core.uu import UU_ENCODINGS
 
@@ -74,16 +76,24 @@ class Source(NamedTuple):
 
 class Parts(NamedTuple):
     text: str
+    #: the text less quoted mail and signatures (masd.core.reply)
+    reply_text: str
     attachments: tuple[Listed, ...]
     #: attachments found but left out of the list (over its bound)
     omitted: int
 
 
-def _body_text(leaf: Leaf, limit: int) -> str:
+def _body_text(leaf: Leaf, limit: int) -> tuple[str, str]:
+    """The body's text and its reply text, each at most ``limit`` bytes of UTF-8."""
     text = lf(decode(leaf.decoded(), leaf.charset))
     if leaf.content_type == "text/html":
-        text = html_to_text(text)
-    return cap_utf8(text.replace("\x00", "\ufffd"), limit)
+        html = text
+        text = html_to_text(html).replace("\x00", "\ufffd")
+        reply = html_reply_text(html, text).replace("\x00", "\ufffd")
+    else:
+        text = text.replace("\x00", "\ufffd")
+        reply = reply_text(text)
+    return cap_utf8(text, limit), cap_utf8(reply, limit)
 
 
 def _body_leaf(found: Iterable[Leaf]) -> Leaf | None:
@@ -169,7 +179,7 @@ def read_parts(
     ``raw[body:]`` is the message's body, ``first`` its headers' first values."""
     found = list(leaves(first, raw, body))
     body_leaf = _body_leaf(found)
-    text = _body_text(body_leaf, text_limit) if body_leaf is not None else ""
+    text, reply = _body_text(body_leaf, text_limit) if body_leaf is not None else ("", "")
     listed: list[Listed] = []
     omitted = 0
     for entry in _listed_entries(found, body_leaf, limit):
@@ -178,7 +188,7 @@ def read_parts(
         else:
             source, data = entry
             listed.append(_listed(source.filename, source.content_type, data))
-    return Parts(text, tuple(listed), omitted)
+    return Parts(text, reply, tuple(listed), omitted)
 
 
 def attachment_sources(raw: bytes, *, limit: int) -> list[Source]:
