@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from masd.read.access import scope_of
 from masd.read.feed import MAX_EVENTS, MIN_GAP_SECONDS, POLL_SECONDS, Encoded, Encodings, FeedWatch
 from masd.read.feed import encoded as _encoded
 from masd.store import StoreError, StoreHandle
@@ -48,12 +49,6 @@ REPLAY_PAGE: Final = 200
 #: often (and each follower gets more events at once), so fanning out costs intake
 #: about the same however many follow; 500 followers hear of a commit within 0.25 s.
 FANOUT_PER_SECOND: Final = 2000
-
-
-def scope_of(case_key: str) -> str:
-    """The ``"domain/type"`` pair of a case key (``type=id@domain``)."""
-    type_, _, rest = case_key.partition("=")
-    return f"{rest.rpartition('@')[2]}/{type_}"
 
 
 class FollowersFull(Exception):

@@ -16,7 +16,7 @@ from typing import Final
 
 from aiohttp import hdrs, web
 
-from masd.edges.http.auth import READER, may_read
+from masd.edges.http.auth import READER
 from masd.edges.http.shared import (
     EVENTS_PATH,
     HttpRefusal,
@@ -30,7 +30,7 @@ from masd.edges.http.shared import (
 from masd.logs import shown
 from masd.read import case_views as readside
 from masd.read import feed
-from masd.read.access import Owned
+from masd.read.access import entitled, key_owner
 from masd.read.feed_hub import REPLAY_PAGE, Dropped, Follower, FollowersFull
 from masd.store import StoreError
 
@@ -120,19 +120,16 @@ async def _poll(
 
 
 async def _case_key(request: web.Request, edge: Served, text: str | None) -> str | None:
-    """The key of the case ``case=`` names (address, key or an id only one case has),
-    which the reader must be entitled to."""
+    """The key of the case ``case=`` names (address, key or an id only one case has)
+    among those the reader may read: the others are not counted, nor named."""
     if text is None:
         return None
-    keys = await stored(edge.store.read(lambda tx: readside.keys_named(tx, text)))
+    named = await stored(edge.store.read(lambda tx: readside.keys_named(tx, text)))
+    keys = [key for key in named if entitled(request[READER], key_owner(key))]
     if len(keys) > 1:
         raise bad("case", f"{show(text)} is the id of {len(keys)} cases; give the address")
     if not keys:
         raise HttpRefusal("unknown-case", f"case: no case {text}")
-    found = await stored(edge.store.read(lambda tx: readside.case_json(tx, keys[0])))
-    if found is not None:
-        case = found["case"]
-        may_read(request, Owned(case["domain"], case["type"]), f"case {case['key']}")
     return keys[0]
 
 
