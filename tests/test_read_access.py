@@ -202,6 +202,12 @@ def test_the_rule_itself_as_a_table() -> None:
         False,
     ]
     assert (ADMIN.scope, crm.scope) == (None, ["help.example/case"])
+    # An event is its case key's: the key names the domain and type, erased case or not.
+    from masd.read.access import key_owner
+
+    assert key_owner("case=c-1.x_y@help.example") == Owned("help.example", "case")
+    assert entitled(crm, key_owner("case=c-1@help.example"))
+    assert not entitled(crm, key_owner("order=c-1@help.example"))
 
 
 def test_a_master_cannot_count_a_master_role_types_cases(tmp_path: Path) -> None:

@@ -62,12 +62,6 @@ def key_owner(case_key: str) -> Owned:
     return Owned(domain, local.partition("=")[0])
 
 
-def scope_of(case_key: str) -> str:
-    """The ``"domain/type"`` pair of a case key, as :attr:`Reader.scope` lists it."""
-    owner = key_owner(case_key)
-    return f"{owner.domain}/{owner.type}"
-
-
 #: The read side as a whole: what a route asks before it knows what it will show.
 ANYTHING: Final = Owned("", "")
 

@@ -59,18 +59,21 @@ async def events(request: web.Request, edge: Served) -> web.StreamResponse:
     limit = int_param(request, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
     wait = int_param(request, "wait", 0, 0, feed.MAX_WAIT)
     case_key = await _case_key(request, edge, request.query.get("case"))
-    scope = request[READER].scope
-    if not streaming and wait == 0:
+    follower = Follower(after, case_key, request[READER])
+    if not streaming and wait == 0:  # no follower: one read, as a follower's catching up
         found = await stored(
             edge.store.read(
                 functools.partial(
-                    feed.encoded, after=after, limit=limit, case_key=case_key, scope=scope
+                    feed.encoded,
+                    after=after,
+                    limit=limit,
+                    case_key=case_key,
+                    scope=follower.reader.scope,
                 )
             )
         )
         _not_ahead(found, text)
         return _json(feed.body(found.items, after))
-    follower = Follower(after, case_key, None if scope is None else frozenset(scope))
     try:
         with edge.hub.joined(follower, edge.rt.config.server.max_followers):
             if streaming:
