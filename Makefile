@@ -92,6 +92,15 @@ bench-smoke: $(BIN)/.installed
 
 .PHONY: bench-smoke
 
+# CPU per mail and rate of the working tree beside an older commit, alternated on the same
+# load (bench/compare.py): make bench-compare REV=0679ee1 [COMPARE_ARGS="--count 2000"].
+REV ?= HEAD
+COMPARE_ARGS ?=
+bench-compare: $(BIN)/.installed
+	$(BIN)/python -m bench.compare $(REV) $(COMPARE_ARGS)
+
+.PHONY: bench-compare
+
 # The conformance suite (conformance/README.md): every flow of both roles against this masd.
 conformance: $(BIN)/.installed
 	$(BIN)/masd conformance run

@@ -75,6 +75,18 @@ def _dkim_key(path: Path) -> None:
     _secret(path, pem.decode("ascii").strip())
 
 
+@dataclass(frozen=True)
+class Build:
+    """A source tree of masd and the interpreter that runs it (its modules found first)."""
+
+    name: str
+    tree: Path
+    python: str = PYTHON
+
+    def env(self) -> dict[str, str]:
+        return {"PYTHONPATH": str(self.tree)}
+
+
 def write_config(
     directory: Path, *, sink_port: int, relay_port: int | None = None, dkim: bool = False
 ) -> MasdSetup:
@@ -130,17 +142,26 @@ def migrate(setup: MasdSetup) -> None:
 
 
 def start(
-    setup: MasdSetup, log: Path, *, variant: str = "", timeout: float = READY_TIMEOUT
+    setup: MasdSetup,
+    log: Path,
+    *,
+    variant: str = "",
+    timeout: float = READY_TIMEOUT,
+    build: Build | None = None,
 ) -> tuple[Server, float]:
     """``masd serve`` as a child; returns it and the seconds from spawn to ``READY=1``.
 
     ``variant``: changes applied by :mod:`bench.masd_variant` (measuring only).
+    ``build``: another source tree of masd to run (:mod:`bench.compare`); the
+    working tree's otherwise.
     """
     command = ["serve", "--config", str(setup.config)]
+    python = build.python if build else PYTHON
     if variant:
-        argv = [PYTHON, "-m", "bench.masd_variant", variant, "--", *command]
+        argv = [python, "-m", "bench.masd_variant", variant, "--", *command]
     else:
-        argv = [PYTHON, "-m", "masd", *command]
+        argv = [python, "-m", "masd", *command]
+    extra = build.env() if build else {}
     # The notify socket lives as long as masd: it says STOPPING=1 there too.
     tmp = tempfile.mkdtemp(prefix="masd-bn-")
     address = str(Path(tmp) / "notify")
@@ -153,7 +174,8 @@ def start(
         argv,
         log,
         setup.lmtp_port,
-        env={"NOTIFY_SOCKET": address, "PYTHONUNBUFFERED": "1"},
+        env={"NOTIFY_SOCKET": address, "PYTHONUNBUFFERED": "1", **extra},
+        cwd=build.tree if build else None,
     )
     server.on_stop += [lambda: shutil.rmtree(tmp, ignore_errors=True), sock.close]
     while True:

@@ -25,11 +25,13 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from masd.clock import Clock
-from masd.config import Config, ConfigErrors, load_config
+from masd.config import Config, ConfigErrors, Listen, load_config
 from masd.config.reload import restart_needed
+from masd.core.errors import MasdError
 from masd.edges import descriptors
 from masd.edges.context import EdgeContext
 from masd.edges.http import HttpEdge, HttpLimits, HttpServer, start_http
@@ -45,6 +47,9 @@ from masd.read.feed import FeedWatch
 from masd.service import ALL_WAKES, PURGE_BATCH, Runtime, Wakes, expired, purge, reloading, retire
 from masd.store import StoreHandle, open_store
 
+if TYPE_CHECKING:
+    from masd.edges.mcp_http import McpServer
+
 log = logging.getLogger("masd.app")
 
 #: How often expired rows are purged (service.purge).
@@ -57,6 +62,19 @@ DRAIN_SECONDS = 30.0
 #: committed (rows queued, deadlines written, leases of a host that died): polling with
 #: this bound, beside the wakes of its own commits (see :meth:`App._other_hosts`).
 HOSTS_POLL_SECONDS = 1.0
+
+
+async def _start_mcp(listen: Listen, http: HttpEdge, limits: HttpLimits) -> McpServer:
+    """The MCP listener (``server.mcp``), with the SDK imported only when it is on."""
+    try:
+        from masd.edges.mcp_http import start_mcp
+    except ImportError as exc:
+        raise MasdError(
+            f"server.mcp = {listen} needs the mcp package ({exc.name} is missing): "
+            "pip install 'masd[mcp]'",
+            code="mcp-listen",
+        ) from exc
+    return await start_mcp(listen, http.served, limits)
 
 
 def sd_notify(state: str) -> bool:
@@ -111,6 +129,7 @@ class Listening:
     http: HttpServer
     policy: PolicyServer | None = None  # server.policy (Postfix policy delegation)
     milter: MilterServer | None = None  # server.milter (docs/protocol.md §17)
+    mcp: McpServer | None = None  # server.mcp (docs/protocol.md §23)
 
 
 class App:
@@ -235,7 +254,8 @@ class App:
         """Enough open files for the caps of the listeners about to start."""
         server = self.config.server
         run = ["lmtp", "http"]
-        run += [n for n, on in (("policy", server.policy), ("milter", server.milter)) if on]
+        listeners = (("policy", server.policy), ("milter", server.milter), ("mcp", server.mcp))
+        run += [n for n, on in listeners if on]
         wanted = descriptors.need(server, {*run, *inherited})
         before = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         soft = descriptors.ensure(wanted)
@@ -279,8 +299,12 @@ class App:
                     sock=inherited.get("milter"),
                     max_connections=server.max_milter_connections,
                 )
+                started.push_async_callback(milter.close)
+            mcp = None
+            if server.mcp is not None:
+                mcp = await _start_mcp(server.mcp, self.http_edge, limits)
             started.pop_all()  # every listener is up: they stay open
-        return Listening(lmtp, http, policy, milter)
+        return Listening(lmtp, http, policy, milter, mcp)
 
     async def stop(self) -> None:
         """Stop accepting, finish what is in flight, close the store."""
@@ -297,6 +321,8 @@ class App:
                 await self.listening.policy.close()
             if self.listening.milter is not None:
                 await self.listening.milter.close()
+            if self.listening.mcp is not None:
+                await self.listening.mcp.close()
             self.listening.lmtp.close()
             await self._drain_lmtp()
             await self.lmtp_handler.close()

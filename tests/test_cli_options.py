@@ -64,6 +64,7 @@ READS_CONFIG = {
     "masd suppress list",
     "masd suppress drop",
     "masd reload",
+    "masd mcp",
 }
 
 

@@ -68,6 +68,7 @@ def test_the_console_off_is_not_served(tmp_path: Path) -> None:
         assert r.config.server.console is False
         for route in ROUTES:
             path = route.path.replace("{name}", "console.css").replace("{key}", "x")
+            path = path.replace("{ref}", "m1").replace("{n}", "0")
             path = re.sub(r"\{id:[^}]*\}\}", "1", path).replace("{what:retry|drop}", "retry")
             answer = await r.client.request(route.method, path)
             assert answer.status_code == 404, (route.path, answer.text)

@@ -95,3 +95,74 @@ def test_a_full_timeline_page_links_on_and_is_not_followed_live() -> None:
     last = pages.case(CASE, thread, "e7", "t0ken", limit=3)
     assert 'data-feed="/console/events?after=e7&amp;case=ticket%3Dgs-1%40help.example"' in last
     assert "Later entries" not in last
+
+
+def message(**event: Any) -> dict[str, Any]:
+    return {"message_ref": "m 1/x", "size": 2048, "event": event}
+
+
+def test_a_mail_row_shows_its_own_words_first_and_the_whole_text_behind_a_click() -> None:
+    whole = "Yes, Tuesday.\n\nOn Mon, Bob wrote:\n> When?\n"
+    e = entry(1, "mail.in", message_ref="m 1/x", subject="Re: visit")
+    trimmed = row(e, message(text=whole, reply_text="Yes, Tuesday.", attachments=[]))
+    assert trimmed["mail"]["reply"] == "Yes, Tuesday."
+    assert trimmed["mail"]["text"] == whole
+    assert trimmed["mail"]["whole"] == "The whole text"
+    shown = row_html(trimmed)
+    assert '<p class="reply">Yes, Tuesday.</p>' in shown
+    assert '<pre class="text">Yes, Tuesday.\n\nOn Mon, Bob wrote:\n&gt; When?\n</pre>' in shown
+    assert 'href="/console/messages/m%201%2Fx/raw" download>Raw message' in shown
+    # An event without reply_text (recorded before there was one) shows its text.
+    older = row(e, message(text=whole))
+    assert older["mail"]["reply"] == whole
+    assert older["mail"]["whole"] == "The whole text (nothing was left out)"
+    same = row(e, message(text="Call me.\n", reply_text="Call me.", attachments=[]))
+    assert same["mail"]["whole"] == "The whole text (nothing was left out)"
+    # A mail of attachments only says so instead of an empty paragraph.
+    files = [{"filename": None, "content_type": "image/png", "size": 1, "sha256": "0" * 64}]
+    bare = row_html(row(e, message(text="", reply_text="", attachments=files)))
+    assert '<p class="reply empty">' in bare
+    assert (
+        '<a class="attachment" href="/console/messages/m%201%2Fx/attachments/0" download>' in bare
+    )
+    assert 'attachment 1</a> <span class="about">image/png, 1 byte</span>' in bare
+    # An entry whose message is gone (erased) is its summary alone.
+    assert row(e)["mail"] is None
+    assert '<div class="mail">' not in row_html(row(e))
+
+
+def test_a_mails_words_and_files_are_escaped() -> None:
+    hostile = '<img src=x onerror="alert(1)">'
+    files = [{"filename": hostile, "content_type": hostile, "size": 3, "sha256": "0" * 64}]
+    e = entry(1, "mail.in", message_ref="r")
+    shown = row_html(row(e, message(text=hostile, reply_text=hostile, attachments=files)))
+    assert "<img" not in shown
+    assert shown.count("&lt;img src=x onerror=&quot;alert(1)&quot;&gt;") == 4
+
+
+def test_the_header_counts_the_rows_each_by_its_tally() -> None:
+    files = [{"filename": "a", "content_type": "text/plain", "size": 1, "sha256": "0" * 64}] * 3
+    thread = {
+        "entries": [
+            entry(1, "mail.in", message_ref="a"),
+            entry(2, "contract.out", type="handoff.request"),
+            entry(3, "status", status="accepted"),
+            entry(4, "mail.out", to="ann@example.org"),
+            entry(5, "mail.in", message_ref="b"),
+            entry(6, "mail.in", message_ref="gone"),
+        ],
+        "next": 6,
+    }
+    mails = {"a": message(text="x", attachments=files), "b": message(text="y")}
+    page = pages.case(CASE, thread, "e7", "t0ken", limit=100, messages=mails)
+    for name, n in (
+        ("entries", 6),
+        ("mails_in", 3),
+        ("attachments", 3),
+        ("statuses", 1),
+        ("mails_sent", 1),
+    ):
+        assert f'<dd data-count="{name}">{n}</dd>' in page, name
+    given = pages.case(CASE, thread, "e7", "t0ken", limit=100, counted={"entries": 40})
+    assert '<dd data-count="entries">40</dd>' in given
+    assert '<dd data-count="statuses">0</dd>' in given

@@ -14,6 +14,7 @@ from masd.cli.common import load as _load
 from masd.cli.db import backup_database, db_copy, migrate_database
 from masd.cli.erase import case_erase
 from masd.cli.mail import intake, message
+from masd.cli.mcp import mcp
 from masd.cli.reload import PID_FILE, reload
 from masd.cli.suppress import suppress
 from masd.cli.watch import case, explain, queue, tail
@@ -316,5 +317,5 @@ conformance.add_command(peer)  # masd conformance peer mode|master (masd/conform
 
 # The operator's view (docs/operations.md, "Watching masd").
 case.add_command(case_erase)
-for _command in (case, message, intake, tail, queue, explain, reload, suppress):
+for _command in (case, message, intake, tail, queue, explain, reload, suppress, mcp):
     main.add_command(_command)

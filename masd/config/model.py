@@ -199,6 +199,8 @@ class ServerConfig:
     #: Where ``masd serve`` writes its pid and each reload's outcome, which ``masd reload``
     #: reads (``serve --pid-file`` wins); None: nowhere.
     pid_file: Path | None = None
+    #: Where MCP (streamable HTTP, at ``/mcp``) is served; None: off.
+    mcp: Listen | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ RESTART_KEYS: Final = (
     "http",
     "policy",
     "milter",
+    "mcp",
     "database",
     "smtp_relay",
     "hostname",

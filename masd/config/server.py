@@ -27,6 +27,7 @@ _SERVER_KEYS: Final = frozenset(
         "http",
         "policy",
         "milter",
+        "mcp",
         "public_url",
         "database",
         "database_password_file",
@@ -67,7 +68,7 @@ AUTHSERV_ID_RULE: Final = (
 
 def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
     table = check.table(raw, PATH, _SERVER_KEYS)
-    lmtp, http, policy, milter = _listeners(check, table)
+    lmtp, http, policy, milter, mcp = _listeners(check, table)
     public_url = _public_url(check, table, http)
     database = _database(check, table)
     smtp_relay = _relay(check, table)
@@ -117,6 +118,7 @@ def parse_server(check: Checker, raw: dict[str, Any]) -> ServerConfig:
         console=console,
         suppress_for=durations["suppress_for"],
         pid_file=_pid_file(check, table),
+        mcp=mcp,
     )
 
 
@@ -241,8 +243,8 @@ def _password(check: Checker, where: str, data: bytes) -> str | None:
 
 def _listeners(
     check: Checker, table: Mapping[str, Any]
-) -> tuple[Listen, Listen, Listen | None, Listen | None]:
-    """lmtp, http, policy and milter; no two on one address."""
+) -> tuple[Listen, Listen, Listen | None, Listen | None, Listen | None]:
+    """lmtp, http, policy, milter and mcp; no two on one address."""
 
     def listen(key: str, default: str | None) -> Listen | None:
         text = check.get(table, PATH, key, str, default)
@@ -252,13 +254,20 @@ def _listeners(
     http = listen("http", "127.0.0.1:8025") or TcpListen("127.0.0.1", 8025)
     policy = listen("policy", None)
     milter = listen("milter", None)
-    listeners = [("lmtp", lmtp), ("http", http), ("policy", policy), ("milter", milter)]
+    mcp = listen("mcp", None)
+    listeners = [
+        ("lmtp", lmtp),
+        ("http", http),
+        ("policy", policy),
+        ("milter", milter),
+        ("mcp", mcp),
+    ]
     for index, (key, where) in enumerate(listeners):
         for other, there in listeners[:index]:
             if where is not None and where == there:
                 named, same = (key, other) if key in table else (other, key)
                 check.error(join(PATH, named), f"{show(str(where))} is also server.{same}")
-    return lmtp, http, policy, milter
+    return lmtp, http, policy, milter, mcp
 
 
 def _public_url(check: Checker, table: Mapping[str, Any], http: Listen) -> str:

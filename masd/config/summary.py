@@ -30,6 +30,7 @@ def format_summary(config: Config) -> str:
         f"http      {server.http}  (public URL {server.public_url})",
         f"policy    {server.policy if server.policy is not None else 'off'}",
         f"milter    {server.milter if server.milter is not None else 'off'}",
+        f"mcp       {server.mcp if server.mcp is not None else 'off'}",
         f"database  {server.database}",
         f"relay     {server.smtp_relay}  hostname {server.hostname}",
         "trusted   authserv-ids "

@@ -76,12 +76,11 @@ def table(
     )
 
 
-def definitions(pairs: Iterable[tuple[str, object]]) -> Html:
-    """A ``<dl>`` of label and value (values escaped; None shown as a dash)."""
-    items = (
+def definition_items(pairs: Iterable[tuple[str, object]]) -> Html:
+    """The ``<dt>``/``<dd>`` of label and value (values escaped; None shown as a dash)."""
+    return join(
         f"<dt>{esc(k)}</dt><dd>{esc('—' if v is None or v == '' else v)}</dd>" for k, v in pairs
     )
-    return Html(f"<dl>{''.join(items)}</dl>")
 
 
 def post_form(action: str, csrf: str, label: str, *, cls: str = "", confirm: str = "") -> Html:

@@ -13,7 +13,7 @@ from typing import Any, Final
 from masd.console.markup import (
     Html,
     case_href,
-    definitions,
+    definition_items,
     esc,
     frame,
     href,
@@ -24,7 +24,7 @@ from masd.console.markup import (
     table,
     when,
 )
-from masd.console.timeline import row, row_html
+from masd.console.timeline import COUNTS, counts, row, row_html
 
 #: The console's live feed (Server-Sent Events relayed from the event feed).
 EVENTS: Final = "/console/events"
@@ -145,22 +145,46 @@ def _handoffs(items: Iterable[Doc]) -> Html:
     return table(heads, rows, empty="No handoff yet.")
 
 
-def case(case_doc: Doc, thread: Doc, feed_after: str, csrf: str, *, limit: int) -> str:
-    """One case: what it is, its handoffs, and its thread as a timeline that grows live."""
-    c = case_doc["case"]
-    about = definitions(
+def _about(c: Doc, counted: Mapping[str, int]) -> Html:
+    """What the case is, then its counts, each ``data-count`` so the script keeps it
+    in step with the rows that arrive."""
+    about = definition_items(
         [
             ("Address", c.get("address")),
             ("Key", c.get("key")),
             ("Role", c.get("role")),
             ("Participant", c.get("participant")),
             ("Created", c.get("created_at")),
-            ("Entries", c.get("entries")),
-            ("Mails sent", c.get("sent")),
         ]
     )
+    shown = "".join(
+        f'<dt>{esc(label)}</dt><dd data-count="{esc(name)}">{esc(counted.get(name, 0))}</dd>'
+        for name, label in COUNTS
+    )
+    return Html(f"<dl>{about}{shown}</dl>")
+
+
+def case(
+    case_doc: Doc,
+    thread: Doc,
+    feed_after: str,
+    csrf: str,
+    *,
+    limit: int,
+    messages: Mapping[str, Doc] | None = None,
+    counted: Mapping[str, int] | None = None,
+) -> str:
+    """One case: what it is and its counts, its handoffs, and its thread as a timeline
+    that grows live.  ``messages``: the message of each ``mail.in`` by ``message_ref``
+    (the body of ``GET /messages/{ref}``'s ``message``), shown in its row; ``counted``:
+    the counts of the whole thread (:func:`masd.console.timeline.counts`), by default
+    those of this page's rows."""
+    c = case_doc["case"]
+    found = messages or {}
+    rows = [row(e, found.get(str(e.get("message_ref")))) for e in thread["entries"]]
+    about = _about(c, counts(rows) if counted is None else counted)
     entries = thread["entries"]
-    items = "".join(row_html(row(e)) for e in entries)
+    items = "".join(row_html(r) for r in rows)
     full = len(entries) >= limit  # later entries are on the next page: not followed here
     source = "" if full else f' data-feed="{esc(href("events", after=feed_after, case=c["key"]))}"'
     timeline = Html(f'<ol class="timeline" id="timeline"{source}>{items}</ol>')

@@ -4,15 +4,23 @@
 into plain text fields; :func:`row_html` puts them in the page, escaped, and the live feed
 sends the same fields to the script, which sets them as text.  So a row looks the same
 whether the page was rendered with it or it arrived while the page was open.
+
+A ``mail.in`` row also shows the mail itself (:func:`mail_part`, from the message the read
+side holds): the sender's own words (the event's ``reply_text``, its ``text`` where there
+is none), the whole text behind a ``<details>``, a link to each attachment and to the raw
+message, under ``/console/messages/`` (served with the console's session).  Each row also
+says what it adds to the counts in the case's header (:func:`tally`), so the page counts
+the thread with the same rule the script follows as rows arrive.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
+from urllib.parse import quote
 
-from masd.console.markup import Html, esc
+from masd.console.markup import ROOT, Html, esc
 
 #: Fields of an entry that :func:`row` shows in columns of their own.
 _SHOWN: Final = frozenset({"seq", "kind", "at", "delivery"})
@@ -114,16 +122,95 @@ def delivery(entry: Mapping[str, Any]) -> tuple[str, str]:
     return str(d.get("state") or ""), "; ".join(parts)
 
 
-def row(entry: Mapping[str, Any]) -> dict[str, str]:
-    """The timeline row of an entry: ``seq``, ``at``, ``kind``, ``what``, ``state``, ``more``."""
+#: The counts in a case's header, in order: (name, label).
+COUNTS: Final = (
+    ("entries", "Entries"),
+    ("mails_in", "Mails in"),
+    ("attachments", "Attachments"),
+    ("statuses", "Statuses"),
+    ("mails_sent", "Mails sent"),
+)
+_COUNTED: Final = {"mail.in": "mails_in", "status": "statuses", "mail.out": "mails_sent"}
+
+
+def message_href(message_ref: str, *rest: str) -> str:
+    """The console's path of a message's bytes (``raw``, ``attachments/N``)."""
+    return ROOT + "messages/" + "/".join([quote(message_ref, safe=""), *rest])
+
+
+def _size(n: object) -> str:
+    if not isinstance(n, int):
+        return "size unknown"
+    return f"{n} byte{'s' if n != 1 else ''}" if n < 10_000 else f"{n / 1024:,.0f} KiB"
+
+
+def own_words(event: Mapping[str, Any]) -> str:
+    """What the sender wrote: the event's ``reply_text``; its ``text`` where it has none."""
+    reply = event.get("reply_text")
+    return str(reply if isinstance(reply, str) else event.get("text") or "")
+
+
+def mail_part(message: Mapping[str, Any]) -> dict[str, Any]:
+    """The mail of a ``mail.in`` row, from the read side's message (``message`` of
+    ``GET /messages/{ref}``): its words, its whole text, its attachments and raw bytes."""
+    event: Mapping[str, Any] = message.get("event") or {}
+    ref = str(message.get("message_ref", ""))
+    text, reply = str(event.get("text") or ""), own_words(event)
+    listed = event.get("attachments") or []
+    return {
+        "reply": reply,
+        "text": text,
+        "whole": "The whole text"
+        if reply.strip() != text.strip()
+        else "The whole text (nothing was left out)",
+        "attachments": [
+            {
+                "name": str(a.get("filename") or f"attachment {n + 1}"),
+                "about": f"{a.get('content_type') or 'application/octet-stream'}, "
+                f"{_size(a.get('size'))}",
+                "href": message_href(ref, "attachments", str(n)),
+            }
+            for n, a in enumerate(listed)
+        ],
+        "raw": message_href(ref, "raw"),
+        "raw_about": _size(message.get("size")),
+    }
+
+
+def tally(kind: str, mail: Mapping[str, Any] | None) -> dict[str, int]:
+    """What an entry of ``kind`` (with its ``mail`` part) adds to the header's counts."""
+    adds = {"entries": 1}
+    if kind in _COUNTED:
+        adds[_COUNTED[kind]] = 1
+    if mail is not None and mail["attachments"]:
+        adds["attachments"] = len(mail["attachments"])
+    return adds
+
+
+def counts(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The header's counts of a thread: the sum of its rows' tallies."""
+    total = {name: 0 for name, _ in COUNTS}
+    for r in rows:
+        for name, n in r["tally"].items():
+            total[name] += n
+    return total
+
+
+def row(entry: Mapping[str, Any], message: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The timeline row of an entry: ``seq``, ``at``, ``kind``, ``what``, ``state``, ``more``,
+    ``mail`` (a ``mail.in`` whose ``message`` is given, else None) and ``tally``."""
     state, more = delivery(entry)
+    kind = str(entry.get("kind", ""))
+    mail = mail_part(message) if kind == "mail.in" and message is not None else None
     return {
         "seq": str(entry.get("seq", "")),
         "at": str(entry.get("at", "")),
-        "kind": str(entry.get("kind", "")),
+        "kind": kind,
         "what": summary(entry),
         "state": state,
         "more": more,
+        "mail": mail,
+        "tally": tally(kind, mail),
     }
 
 
@@ -132,7 +219,33 @@ def kind_class(kind: str) -> str:
     return "kind-" + "".join(c if c.isalnum() else "-" for c in kind)
 
 
-def row_html(r: Mapping[str, str]) -> Html:
+def mail_html(mail: Mapping[str, Any] | None) -> Html:
+    """The mail of a row: its words, the whole text a click away, its links."""
+    if mail is None:
+        return Html("")
+    words = (
+        f'<p class="reply">{esc(mail["reply"])}</p>'
+        if mail["reply"]
+        else '<p class="reply empty">(no words of the sender\'s own)</p>'
+    )
+    whole = (
+        f'<details class="whole"><summary>{esc(mail["whole"])}</summary>'
+        f'<pre class="text">{esc(mail["text"])}</pre></details>'
+    )
+    files = "".join(
+        f'<li><a class="attachment" href="{esc(a["href"])}" download>{esc(a["name"])}</a> '
+        f'<span class="about">{esc(a["about"])}</span></li>'
+        for a in mail["attachments"]
+    )
+    listed = f'<ul class="attachments">{files}</ul>' if files else ""
+    raw = (
+        f'<p class="raw"><a href="{esc(mail["raw"])}" download>Raw message</a> '
+        f'<span class="about">{esc(mail["raw_about"])}</span></p>'
+    )
+    return Html(f'<div class="mail">{words}{whole}{listed}{raw}</div>')
+
+
+def row_html(r: Mapping[str, Any]) -> Html:
     """One ``<li>`` of the timeline (the script builds the same from the live feed)."""
     state = (
         f'<span class="delivery state-{esc(kind_class(r["state"])[5:])}">{esc(r["state"])}</span>'
@@ -145,5 +258,5 @@ def row_html(r: Mapping[str, str]) -> Html:
         f'<span class="seq">#{esc(r["seq"])}</span>'
         f'<time datetime="{esc(r["at"])}">{esc(r["at"])}</time>'
         f'<span class="kind">{esc(r["kind"])}</span>'
-        f'<span class="what">{esc(r["what"])}</span>{state}</li>'
+        f'<span class="what">{esc(r["what"])}</span>{state}{mail_html(r.get("mail"))}</li>'
     )

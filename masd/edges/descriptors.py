@@ -51,12 +51,14 @@ class Need:
 
 
 def need(server: ServerConfig, listeners: Iterable[str]) -> Need:
-    """What the caps of ``listeners`` (names: lmtp, http, policy, milter) need."""
+    """What the caps of ``listeners`` (names: lmtp, http, policy, milter, mcp) need."""
     keys = {
         "lmtp": ("server.max_lmtp_sessions", server.max_lmtp_sessions),
         "http": ("server.max_http_connections", server.max_http_connections),
         "policy": ("server.max_policy_connections", server.max_policy_connections),
         "milter": ("server.max_milter_connections", server.max_milter_connections),
+        # The MCP listener has the HTTP listener's cap (docs/protocol.md §23).
+        "mcp": ("server.max_http_connections (mcp)", server.max_http_connections),
     }
     run = set(listeners)
     return Need(tuple(keys[name] for name in keys if name in run))

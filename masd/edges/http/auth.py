@@ -41,7 +41,11 @@ READER: Final = web.RequestKey("reader", Reader)
 
 def peer(rt: Runtime, request: web.Request) -> Principal:
     """The peer whose Bearer secret the request carries."""
-    secret = bearer(request)
+    return peer_of(rt, bearer(request))
+
+
+def peer_of(rt: Runtime, secret: str | None) -> Principal:
+    """The peer whose secret ``secret`` is (None: no secret given)."""
     if secret is None:
         raise HttpRefusal("unauthenticated", NO_BEARER)
     principal = rt.directory.authenticate(secret)
@@ -75,7 +79,11 @@ def admin(rt: Runtime, request: web.Request) -> None:
 def reader(rt: Runtime, request: web.Request) -> Reader:
     """Who reads: the admin, or the master a peer's secret names; a mode endpoint or a
     webhook is ``403 forbidden`` (it reads nothing), any other secret ``401``."""
-    secret = bearer(request)
+    return reader_of(rt, bearer(request))
+
+
+def reader_of(rt: Runtime, secret: str | None) -> Reader:
+    """:func:`reader` for the secret ``secret`` (None: no secret given)."""
     if secret is None:
         raise HttpRefusal("unauthenticated", NO_BEARER)
     token = rt.config.server.admin_token
@@ -103,7 +111,12 @@ def reader(rt: Runtime, request: web.Request) -> Reader:
 def may_read(request: web.Request, what: Owned, missing: HttpRefusal) -> None:
     """Raise ``missing`` (the route's own refusal of a thing that does not exist) unless
     the request's reader may read ``what``: what a reader may not see is, to it, not there."""
-    if not entitled(request[READER], what):
+    may_read_as(request[READER], what, missing)
+
+
+def may_read_as(who: Reader, what: Owned, missing: HttpRefusal) -> None:
+    """:func:`may_read` for the reader ``who``."""
+    if not entitled(who, what):
         raise missing
 
 

@@ -12,8 +12,11 @@ documents.  Off, every path here is ``404`` (:mod:`masd.edges.http.auth`).
   without it, or with another, is ``403``.  Each change answers with a redirect to the page
   it was made from, which says what it did.
 - **Every answer** under ``/console/`` carries :data:`SECURITY_HEADERS`, refusals
-  included (:func:`guard`, the application's outermost middleware): the page loads only
+  included (:func:`guard`, run as each answer's headers are sent): the page loads only
   what masd serves (``default-src 'self'``), may not be framed, and is not cached.
+- **The mail itself**: ``/console/messages/{ref}/raw`` and ``…/attachments/{n}`` are the
+  read side's own routes run for the session as the admin, answered as downloads
+  (:mod:`masd.edges.http.console_mail`).
 - **Sign-in is throttled** per client address (:mod:`masd.console.throttle`): after a few
   wrong secrets each try waits longer, and one made too soon is ``429`` with
   ``Retry-After``, unread; one log line per throttled client per interval.
@@ -27,19 +30,20 @@ import functools
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler as AioHandler
 
 import masd.console
 from masd.console import pages
 from masd.console.markup import CSRF_FIELD
 from masd.console.sessions import Session
 from masd.console.throttle import Throttled, client_of
-from masd.console.timeline import row
+from masd.console.timeline import counts, row
+from masd.edges.http import console_mail
+from masd.edges.http.console_mail import DOWNLOAD
 from masd.edges.http.shared import (
     CONSOLE_PATH,
     Handler,
@@ -50,7 +54,7 @@ from masd.edges.http.shared import (
 )
 from masd.metrics import health_gauges, store_gauges
 from masd.read import case_views as readside
-from masd.read import console_lists, feed, queue_items
+from masd.read import console_case, console_lists, feed, queue_items
 from masd.service import queue_actions as queue
 from masd.store import StoreError
 
@@ -88,33 +92,27 @@ Page = Callable[[web.Request, Served, Session], Awaitable[web.StreamResponse]]
 # ----------------------------------------------------------------------------- answers
 
 
-def _guarded(response: web.StreamResponse) -> web.StreamResponse:
-    response.headers.update(SECURITY_HEADERS)
-    return response
-
-
 def under_console(path: str) -> bool:
     return path == CONSOLE_PATH or path.startswith(ROOT)
 
 
-@web.middleware
-async def guard(request: web.Request, handler: AioHandler) -> web.StreamResponse:
-    """The outermost middleware: every answer under ``/console/`` carries
-    :data:`SECURITY_HEADERS`, a refusal of the other middleware too (a path no route
-    serves, a method not allowed, a body too large, the console off)."""
-    response = await handler(request)
-    if under_console(request.path) and not response.prepared:
-        _guarded(response)
-    return response
+async def guard(request: web.Request, response: web.StreamResponse) -> None:
+    """The application's ``on_response_prepare``: every answer under ``/console/``
+    carries :data:`SECURITY_HEADERS` (and a download its :data:`DOWNLOAD` headers), a
+    refusal of the middleware too (a path no route serves, a method not allowed, a body
+    too large, the console off), and one streamed by another module."""
+    if under_console(request.path):
+        response.headers.update(SECURITY_HEADERS)
+        response.headers.update(request.get(DOWNLOAD, {}))
 
 
 def html(text: str, status: int = 200) -> web.StreamResponse:
-    return _guarded(web.Response(text=text, status=status, content_type=_HTML, charset="utf-8"))
+    return web.Response(text=text, status=status, content_type=_HTML, charset="utf-8")
 
 
 def see_other(location: str) -> web.StreamResponse:
     """303: the browser GETs ``location`` (after a form, or to sign in)."""
-    return _guarded(web.Response(status=303, headers={hdrs.LOCATION: location}))
+    return web.Response(status=303, headers={hdrs.LOCATION: location})
 
 
 def _refused(status: int, title: str, detail: str, session: Session | None) -> web.StreamResponse:
@@ -255,8 +253,7 @@ async def static(request: web.Request, served: Served) -> web.StreamResponse:
     if found is None:
         raise HttpRefusal("not-found", f"path: {request.path} is not served here")
     kind, body = found
-    response = web.Response(body=body, content_type=kind, charset="utf-8")
-    return _guarded(response)
+    return web.Response(body=body, content_type=kind, charset="utf-8")
 
 
 # ----------------------------------------------------------------------------- pages
@@ -297,18 +294,22 @@ async def _case(request: web.Request, served: Served, session: Session) -> web.S
         raise HttpRefusal("invalid-message", f"after: {text[:40]!r} is not a seq of the thread")
     after = int(text)
 
-    def read(tx: Any) -> tuple[Any, Any, str]:
-        found = readside.case_json(tx, key)
-        if found is None:
-            return None, None, ""
-        case_key = found["case"]["key"]
-        thread = readside.thread_json(tx, case_key, after, THREAD_PAGE)
-        return found, thread, feed.latest(tx, 1, case_key).next
-
-    doc, thread, latest = await stored(served.store.read(read))
-    if doc is None:
+    found = await stored(
+        served.store.read(lambda tx: console_case.case_page(tx, key, after, THREAD_PAGE))
+    )
+    if found is None:
         raise HttpRefusal("unknown-case", f"no case {key}")
-    return html(pages.case(doc, thread, latest, session.csrf, limit=THREAD_PAGE))
+    counted = counts(row(e, found.mails.get(str(e.get("message_ref")))) for e in found.whole)
+    page = pages.case(
+        found.case,
+        found.thread,
+        found.feed_after,
+        session.csrf,
+        limit=THREAD_PAGE,
+        messages=found.mails,
+        counted=counted,
+    )
+    return html(page)
 
 
 async def _outbox(request: web.Request, served: Served, session: Session) -> web.StreamResponse:
@@ -397,13 +398,8 @@ async def _events(request: web.Request, served: Served, session: Session) -> web
         if len(keys) != 1:
             raise HttpRefusal("unknown-case", f"case: no one case {named}")
         case_key = keys[0]
-    response = _guarded(
-        web.StreamResponse(
-            headers={
-                hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8",
-                "X-Accel-Buffering": "no",
-            }
-        )
+    response = web.StreamResponse(
+        headers={hdrs.CONTENT_TYPE: "text/event-stream; charset=utf-8", "X-Accel-Buffering": "no"}
     )
     await response.prepare(request)
     if request.method == hdrs.METH_HEAD:
@@ -417,20 +413,28 @@ async def _events(request: web.Request, served: Served, session: Session) -> web
             live = served.sessions.find(token, _secret(served), served.clock.now(), touch=False)
             if live is None:
                 break  # signed out, expired, or the secret changed
-            await response.write(relayed(found))
+            mails = {}
+            if case_key is not None and found.events:  # a case's page shows each mail
+                entries = [e["entry"] for e in found.events]
+                job = functools.partial(console_case.mails, entries=entries)
+                mails = await served.store.read(job)
+            await response.write(relayed(found, mails))
     except (ConnectionError, StoreError) as exc:
         log.info("console feed ended remote=%s: %s", request.remote, exc)
     return response
 
 
-def relayed(found: feed.Page) -> bytes:
+def relayed(found: feed.Page, mails: Mapping[str, Mapping[str, Any]] | None = None) -> bytes:
     """A page of the feed as the console's events: ``id`` the cursor, ``data`` the case
-    and the entry's timeline row; a comment when the page is empty (a keep-alive)."""
+    and the entry's timeline row (with its mail, from ``mails`` by ``message_ref``); a
+    comment when the page is empty (a keep-alive)."""
     if not found.events:
         return b": keep-alive\n\n"
     parts = []
     for event in found.events:
-        data = {"cursor": event["cursor"], "case": event["case"], "row": row(event["entry"])}
+        entry = event["entry"]
+        shown = row(entry, (mails or {}).get(str(entry.get("message_ref"))))
+        data = {"cursor": event["cursor"], "case": event["case"], "row": shown}
         parts.append(f"id: {event['cursor']}\ndata: {_json(data)}\n\n")
     return "".join(parts).encode("utf-8")
 
@@ -460,4 +464,11 @@ ROUTES: Final = (
     Route("GET", ROOT + "suppressions", signed_in(_suppressions), "console"),
     Route("GET", ROOT + "health", signed_in(_health), "console"),
     Route("GET", ROOT + "events", signed_in(_events), "console"),
+    Route("GET", ROOT + "messages/{ref}/raw", signed_in(console_mail.raw), "console"),
+    Route(
+        "GET",
+        ROOT + "messages/{ref}/attachments/{n}",
+        signed_in(console_mail.attachment),
+        "console",
+    ),
 )

@@ -89,7 +89,6 @@ class HttpEdge:
         app = web.Application(
             client_max_size=MAX_BODY,
             middlewares=[
-                console.guard,
                 _refusals(gate, routes, served.metrics),
                 authenticate(served.rt, routes),
             ],
@@ -101,6 +100,7 @@ class HttpEdge:
                     method, r.path, _bound(r.handler, served), expect_handler=_expecting(r, served)
                 )
                 routes[added] = r
+        app.on_response_prepare.append(console.guard)
         app.on_shutdown.append(self._closing)
         return app
 

@@ -30,7 +30,7 @@ from masd.edges.http.shared import (
 from masd.logs import shown
 from masd.read import case_views as readside
 from masd.read import feed
-from masd.read.access import entitled, key_owner
+from masd.read.access import Reader, entitled, key_owner
 from masd.read.feed_hub import REPLAY_PAGE, Dropped, Follower, FollowersFull
 from masd.store import StoreError
 
@@ -58,7 +58,7 @@ async def events(request: web.Request, edge: Served) -> web.StreamResponse:
         raise bad("after", f"{show(text)} is not a cursor of the event feed")
     limit = int_param(request, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
     wait = int_param(request, "wait", 0, 0, feed.MAX_WAIT)
-    case_key = await _case_key(request, edge, request.query.get("case"))
+    case_key = await case_key_for(edge, request[READER], request.query.get("case"))
     follower = Follower(after, case_key, request[READER])
     if not streaming and wait == 0:  # no follower: one read, as a follower's catching up
         found = await stored(
@@ -122,13 +122,13 @@ async def _poll(
             return feed.body(items, after)
 
 
-async def _case_key(request: web.Request, edge: Served, text: str | None) -> str | None:
+async def case_key_for(edge: Served, who: Reader, text: str | None) -> str | None:
     """The key of the case ``case=`` names (address, key or an id only one case has)
-    among those the reader may read: the others are not counted, nor named."""
+    among those ``who`` may read: the others are not counted, nor named."""
     if text is None:
         return None
     named = await stored(edge.store.read(lambda tx: readside.keys_named(tx, text)))
-    keys = [key for key in named if entitled(request[READER], key_owner(key))]
+    keys = [key for key in named if entitled(who, key_owner(key))]
     if len(keys) > 1:
         raise bad("case", f"{show(text)} is the id of {len(keys)} cases; give the address")
     if not keys:

@@ -1,0 +1,297 @@
+"""The working tree beside an older commit, on the same load, alternated: CPU per mail and rate.
+
+    python -m bench.compare REV [--count N] [--sessions N] [--rounds N] [--paths intake,ack]
+    make bench-compare REV=0679ee1
+
+REV is taken out of git (``git archive``) into the work directory and run with
+the working tree's virtualenv when its ``pyproject.toml`` asks for the same
+dependencies; otherwise it gets a virtualenv of its own there (installed once
+from PyPI).  Each round starts each build on a fresh store, sends it a warm-up
+and then ``--count`` mails over ``--sessions`` LMTP sessions from one client,
+and reads masd's own CPU time from /proc (the process and its children).  The
+builds take turns within a round and the first of them changes every round, so
+a drift of the machine (another load, a frequency change) falls on both.
+
+Paths:
+
+- ``intake``: unauthenticated mail to ``ticket@D`` (a case opened, no mail out);
+- ``ack``: authenticated mail, each case's acknowledgement sent to a mail sink
+  on loopback (the CPU counted until the last acknowledgement arrived).
+
+``--profile DIR`` records each measured pass with py-spy (the same sampling
+as ``make bench``'s profiles) so the two builds' profiles of one load can be
+read side by side.  The figures are printed, medians last, with the ratio working tree / REV; a
+ratio over 1 is CPU the change costs.  Nothing is asserted about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import tarfile
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from io import BytesIO
+from pathlib import Path
+
+from bench import acks
+from bench import masd_setup as masd
+from bench.common import PYTHON, ROOT, BenchError, Server, free_port, wait_port
+from bench.lmtp_load import latency_run
+from bench.run import Profiler
+
+PATHS = ("intake", "ack")
+WARM_UP = 50
+
+
+@dataclass(frozen=True)
+class Point:
+    path: str
+    build: str
+    round: int
+    rate: float  # mails per second over the pass
+    cpu_ms: float  # masd's CPU per mail
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _dependencies(pyproject: bytes) -> list[str]:
+    return sorted(tomllib.loads(pyproject.decode())["project"]["dependencies"])
+
+
+def older_build(rev: str, workdir: Path) -> masd.Build:
+    """REV's tree below ``workdir`` (once per commit) and an interpreter with its dependencies."""
+    try:
+        sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}").decode().strip()
+    except subprocess.CalledProcessError as exc:
+        raise BenchError(f"{rev!r} is not a commit of {ROOT}") from exc
+    tree = workdir / f"build-{sha[:12]}"
+    if not (tree / "masd").is_dir():
+        tree.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=BytesIO(_git("archive", sha)), mode="r:") as tar:
+            tar.extractall(tree, filter="data")
+    mine = (ROOT / "pyproject.toml").read_bytes()
+    theirs = (tree / "pyproject.toml").read_bytes()
+    if _dependencies(mine) == _dependencies(theirs):
+        return masd.Build(rev, tree)
+    venv = tree / ".venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        say(f"{rev}: other dependencies than the working tree's; a virtualenv in {venv}")
+        subprocess.run([PYTHON, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(tree)], check=True)
+    return masd.Build(rev, tree, str(python))
+
+
+def _git(*args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True).stdout
+
+
+def _which(build: masd.Build) -> str:
+    """Where ``build``'s interpreter finds masd (checked, so a run never measures the wrong one)."""
+    out = subprocess.run(
+        [build.python, "-c", "import masd; print(masd.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=build.tree,
+        env={**os.environ, **build.env()},
+    ).stdout.strip()
+    if not Path(out).resolve().is_relative_to(build.tree.resolve()):
+        raise BenchError(f"{build.name}: masd imported from {out}, not from {build.tree}")
+    return out
+
+
+def _stored_at_least(database: Path, n: int, timeout: float = 60) -> None:
+    until = time.monotonic() + timeout
+    while masd.counts(database)["messages"] < n:
+        if time.monotonic() > until:
+            raise BenchError(f"fewer than {n} messages stored within {timeout:g} s")
+        time.sleep(0.1)
+
+
+def _pass(port: int, sessions: int, count: int, tag: str, authenticated: bool) -> float:
+    rcpt = f"ticket@{masd.DOMAIN}"
+    began = time.perf_counter()
+    lat = asyncio.run(
+        latency_run(port, sessions, count, lambda _: rcpt, tag=tag, authenticated=authenticated)
+    )
+    if lat.accepted != lat.sent:
+        raise BenchError(f"{lat.sent - lat.accepted} of {lat.sent} not accepted: {lat.replies}")
+    return time.perf_counter() - began
+
+
+def measure(
+    build: masd.Build,
+    path: str,
+    work: Path,
+    *,
+    count: int,
+    sessions: int,
+    round_: int,
+    profile: Path | None = None,
+) -> Point:
+    """One build on one path: a fresh store, a warm-up, then the measured pass."""
+    work.mkdir(parents=True)
+    sink = Server.spawn(
+        "sink", [PYTHON, "-m", "bench.http_sink", str(port := free_port())], work / "sink.log", port
+    )
+    relay = acks.start_relay(work) if path == "ack" else None
+    try:
+        wait_port(port, proc=sink.proc)
+        setup = masd.write_config(
+            work, sink_port=port, relay_port=relay.server.port if relay else None
+        )
+        server, _ = masd.start(setup, work / "masd.log", build=build)
+        try:
+            authenticated = path == "ack"
+            _pass(setup.lmtp_port, sessions, WARM_UP, f"warm-{round_}", authenticated)
+            _stored_at_least(setup.database, WARM_UP)
+            if relay is not None:
+                _arrived_at_least(relay, WARM_UP)
+            cpu = server.cpu()
+            with Profiler(profile, f"{path}-{_slug(build)}-r{round_}", server.pid):
+                seconds = _pass(setup.lmtp_port, sessions, count, f"run-{round_}", authenticated)
+                _stored_at_least(setup.database, WARM_UP + count)
+                if relay is not None:
+                    _arrived_at_least(relay, WARM_UP + count)
+            cpu = server.cpu() - cpu
+        finally:
+            code = server.stop()
+        if code != 0:
+            raise BenchError(f"{build.name} exited {code} on SIGTERM:\n{server.tail()}")
+    finally:
+        sink.stop()
+        if relay is not None:
+            relay.server.stop()
+    return Point(path, build.name, round_, count / seconds, 1000 * cpu / count)
+
+
+def _arrived_at_least(relay: acks.Relay, n: int, timeout: float = 120) -> None:
+    until = time.monotonic() + timeout
+    while len(acks.arrivals(relay.arrivals)) < n:
+        if time.monotonic() > until:
+            raise BenchError(f"fewer than {n} acknowledgements at the sink within {timeout:g} s")
+        time.sleep(0.1)
+
+
+def run(
+    builds: Sequence[masd.Build],
+    paths: Sequence[str],
+    *,
+    count: int,
+    sessions: int,
+    rounds: int,
+    workdir: Path,
+    profile: Path | None = None,
+    out: Callable[[str], None] = say,
+) -> list[Point]:
+    points: list[Point] = []
+    for round_ in range(1, rounds + 1):
+        order = builds if round_ % 2 else list(reversed(builds))
+        for path in paths:
+            for build in order:
+                work = workdir / f"r{round_}-{path}-{_slug(build)}"
+                p = measure(
+                    build,
+                    path,
+                    work,
+                    count=count,
+                    sessions=sessions,
+                    round_=round_,
+                    profile=profile,
+                )
+                points.append(p)
+                out(
+                    f"  round {round_} {path:<6} {build.name:<14} {p.rate:8.1f} mails/s"
+                    f"  {p.cpu_ms:6.3f} ms CPU/mail"
+                )
+    return points
+
+
+def _slug(build: masd.Build) -> str:
+    return "".join(c if c.isalnum() else "-" for c in build.name)
+
+
+def summary(points: Sequence[Point], new: str, old: str) -> list[str]:
+    lines = [f"{'path':<7} {'build':<14} {'mails/s':>9} {'ms CPU/mail':>12}  (medians)"]
+    for path in dict.fromkeys(p.path for p in points):
+        med = {}
+        for name in (new, old):
+            mine = [p for p in points if p.path == path and p.build == name]
+            med[name] = (
+                statistics.median(p.rate for p in mine),
+                statistics.median(p.cpu_ms for p in mine),
+            )
+            lines.append(f"{path:<7} {name:<14} {med[name][0]:9.1f} {med[name][1]:12.3f}")
+        rate, cpu = med[new][0] / med[old][0], med[new][1] / med[old][1]
+        lines.append(
+            f"{path:<7} {'ratio':<14} {rate:8.2f}x {cpu:11.2f}x"
+            f"  ({new} / {old}; CPU over 1.00x is CPU the change costs)"
+        )
+    return lines
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.compare", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("rev", help="the older commit (a tag, a hash, HEAD~3)")
+    ap.add_argument("--count", type=int, default=1000, help="mails per pass (default 1000)")
+    ap.add_argument("--sessions", type=int, default=8, help="LMTP sessions (default 8)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of alternation (default 3)")
+    ap.add_argument("--paths", default=",".join(PATHS), help="intake,ack (default both)")
+    ap.add_argument("--workdir", type=Path, help="default: a new directory in /var/tmp")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="py-spy profiles of every measured pass into DIR (bench/requirements.txt),"
+        " each with its summary (python -m bench.profile)",
+    )
+    args = ap.parse_args(argv)
+    args.paths = [p for p in args.paths.split(",") if p]
+    unknown = sorted(set(args.paths) - set(PATHS))
+    if unknown:
+        ap.error(f"--paths: {', '.join(unknown)} not one of {', '.join(PATHS)}")
+    if min(args.count, args.sessions, args.rounds) < 1:
+        ap.error("--count, --sessions and --rounds are at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="masd-compare-", dir="/var/tmp"))
+    try:
+        old = older_build(args.rev, workdir)
+        new = masd.Build("working tree", ROOT)
+        for build in (new, old):
+            say(f"{build.name}: masd from {_which(build)}")
+        points = run(
+            [new, old],
+            args.paths,
+            count=args.count,
+            sessions=args.sessions,
+            rounds=args.rounds,
+            workdir=workdir / f"run-{int(time.time())}",
+            profile=args.profile,
+        )
+    except BenchError as exc:
+        say(f"bench.compare: {exc}")
+        return 1
+    say("")
+    for line in summary(points, new.name, old.name):
+        say(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
