@@ -1082,6 +1082,8 @@ def test_webhook_for_matches(hooked: Config, url: str, index: int) -> None:
         "http://127.0.0.1:9003/hooks#x",
         "ftp://127.0.0.1:9003/hooks",
         "not a url",
+        "http://[127.0.0.1:9003/hooks",  # urlsplit raises: an unclosed IPv6 bracket
+        "http://127.0.0.1]:9003/hooks",
     ],
 )
 def test_webhook_for_refuses(hooked: Config, url: str) -> None:

@@ -92,8 +92,8 @@ def test_erase_over_http_cancels_the_handoff_and_leaves_one_entry(tmp_path: Path
                 timeout=WAIT,
             ) as mode:
                 refused = await mode.post(f"/mas/v0.1/cases/{ERASED}/erase")
-                assert refused.status_code == 401, refused.text
-                assert refused.json()["error"] == "unauthenticated"
+                assert refused.status_code == 403, refused.text
+                assert refused.json()["error"] == "forbidden"
                 assert (await run.get(f"/mas/v0.1/cases/{ERASED}"))["case"]["key"] == ERASED
                 await _erase_and_check(run, mode, request, before)
 

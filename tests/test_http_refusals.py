@@ -105,20 +105,24 @@ def test_a_wrong_secret_on_every_route_is_refused_by_the_one_handler(
             nothing = await r.client.request(route.method, path)
             refused(nothing, 401, "unauthenticated", "no Bearer secret")
             assert nothing.headers["www-authenticate"] == 'Bearer realm="masd"'
-            # The admin secret is no peer's, a peer's secret is not the admin's; a
-            # mode endpoint's secret is known to the read side, and reads nothing.
+            # The admin secret is no peer's: 401 on a peer route.  A mode endpoint's
+            # secret is known: it may not use an admin route (403), as it reads nothing.
             other = ADMIN if route.auth == "peer" else CALLBACK
             wrong = await r.client.request(
                 route.method, path, headers={"Authorization": f"Bearer {other}"}
             )
-            if route.auth == "reader":
-                refused(wrong, 403, "forbidden", "reads nothing")
+            if route.auth == "peer":
+                refused(wrong, 401, "unauthenticated", "matches no peer")
                 continue
-            why = "matches no peer" if route.auth == "peer" else "not the admin secret"
-            refused(wrong, 401, "unauthenticated", why)
-        readers = sum(route.auth == "reader" for route in guarded)
-        assert answered.count("unauthenticated") == 2 * len(guarded) - readers
-        assert answered.count("forbidden") == readers
+            refused(wrong, 403, "forbidden", "not the admin secret")
+            assert "www-authenticate" not in wrong.headers
+            unknown = await r.client.request(
+                route.method, path, headers={"Authorization": f"Bearer nobody-{'0' * 32}"}
+            )
+            refused(unknown, 401, "unauthenticated", "not the admin secret")
+        admins = sum(route.auth == "admin" for route in guarded)
+        assert answered.count("unauthenticated") == 2 * len(guarded)
+        assert answered.count("forbidden") == admins
 
     run(tmp_path, body)
 

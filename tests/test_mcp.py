@@ -157,9 +157,13 @@ def test_reading_tools_show_what_the_read_side_shows_and_refuse_as_it_does(
                 )
                 got = refusal(await other.call_tool("read_case", {"key": key}))
                 assert got == (http_refused["error"], http_refused["detail"])
+                assert got == ("unknown-case", f"key: no case {key}")  # as if there were none
                 http_refused = await http_get(w, f"/mas/v0.1/messages/{ref}", t["other"])
                 got = refusal(await other.call_tool("read_message", {"message_ref": ref}))
                 assert got == (http_refused["error"], http_refused["detail"])
+                assert got == ("unknown-message", f"message_ref: no message {ref}")
+                got = refusal(await other.call_tool("wait_events", {"case": "inv-1"}))
+                assert got == ("unknown-case", "case: no case inv-1")
                 events = body(await other.call_tool("wait_events", {}))
                 assert events["events"] == []
                 unknown = await other.call_tool("read_case", {"key": "case=nope@help.example"})

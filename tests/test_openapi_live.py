@@ -10,21 +10,28 @@ and each answer must be no server error and conform to the document: a documente
 its content type, its schema, its headers. Requests the document rules out (a parameter out
 of its bounds, a body off its schema, another method, no secret, a required header missing)
 must be refused.
+
+Each operation is its own test (one pytest item each, so the count pytest announces is the
+count it reports).  The contract messages are also generated one type at a time, their
+``case`` and the ids they refer to pinned to what the live masd holds (no generator finds a
+case address by chance), so each type is answered by its handler, past the peer's secret.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from jsonschema import Draft202012Validator
 from schemathesis import Case
 from schemathesis.checks import (
@@ -64,14 +71,17 @@ CHECKS = [
     ignored_auth,
     missing_required_header,
 ]
+MESSAGE_CHECKS = [check for check in CHECKS if check is not negative_data_rejection]
 
 
 class Live:
-    """The running masd: its base URL and the secrets a request may carry."""
+    """The running masd: its base URL, the secrets a request may carry, and what it holds
+    that a message may refer to (``refs``: ``handoff_id``, ``intake_ref``, ``message_ref``)."""
 
-    def __init__(self, url: str, tokens: dict[str, str]) -> None:
+    def __init__(self, url: str, tokens: dict[str, str], refs: dict[str, str]) -> None:
         self.url = url
         self.tokens = tokens
+        self.refs = refs
 
     def headers_for(self, case: Case) -> dict[str, str]:
         security = case.operation.definition.raw.get("security", [])
@@ -112,23 +122,42 @@ def _config(directory: Path) -> tuple[Path, int, int, dict[str, str]]:
     return write_config(directory, doc, tokens), lmtp_port, http_port, tokens
 
 
-async def _populate(lmtp_port: int, url: str, tokens: dict[str, str]) -> None:
-    """A case with a handoff and a status, an intake, and mail waiting in the outbox."""
-    for rcpt in ("ticket!callback@help.example", "ticket@help.example", "case@help.example"):
+#: The master-role case with a handoff, and the slave-role case the CRM is given before
+#: the run, as a message's ``case``.
+TICKET_CASE: Final = {"address": "ticket=gs-1@help.example", "key": "ticket=gs-1@help.example"}
+SLAVE_CASE: Final = {"address": "case=c-1@help.example", "key": "case=c-1@help.example"}
+
+
+async def _populate(lmtp_port: int, url: str, tokens: dict[str, str]) -> dict[str, str]:
+    """A case with a handoff and a status, a slave-role case of the CRM's, two pending
+    intakes, and mail waiting in the outbox; what a message may refer to."""
+    rcpts = ("ticket!callback@help.example", "ticket@help.example", *["case@help.example"] * 3)
+    for rcpt in rcpts:
         _, data = mx_mail("alice@example.com", rcpt, body="phone: +1 555 0100\n")
         result = await lmtpclient.deliver(
             ("127.0.0.1", lmtp_port), "alice@example.com", [rcpt], data
         )
         assert result.codes == (250,), result
     admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    crm = {"Authorization": f"Bearer {tokens['crm']}", "Content-Type": "application/json"}
     async with httpx.AsyncClient(base_url=url, timeout=10) as client:
         case = (await client.get("/mas/v0.1/cases/ticket=gs-1@help.example", headers=admin)).json()
         handoff = case["case"]["handoffs"][0]["handoff_id"]
+        intakes = (await client.get("/mas/v0.1/intakes", headers=admin)).json()["intakes"]
+        assign = {
+            "mas_modes_version": "0.1",
+            "type": "case.assign",
+            "id": "assign-1",
+            "intake_ref": intakes[1]["intake_ref"],
+            "resource_id": "c-1",
+        }
+        got = await client.post("/mas/v0.1/messages", content=json.dumps(assign), headers=crm)
+        assert got.status_code == 200, got.text
         status = {
             "mas_modes_version": "0.1",
             "type": "handoff.status",
             "id": "st-1",
-            "case": {"address": "ticket=gs-1@help.example", "key": "ticket=gs-1@help.example"},
+            "case": TICKET_CASE,
             "handoff_id": handoff,
             "seq": 1,
             "status": "running",
@@ -142,6 +171,11 @@ async def _populate(lmtp_port: int, url: str, tokens: dict[str, str]) -> None:
             },
         )
         assert got.status_code == 200, got.text
+    return {
+        "handoff_id": handoff,
+        "intake_ref": intakes[2]["intake_ref"],
+        "message_ref": intakes[1]["message_ref"],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +190,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         raise
     url = f"http://127.0.0.1:{http_port}"
     try:
-        asyncio.run(_populate(lmtp_port, url, tokens))
-        yield Live(url, tokens)
+        refs = asyncio.run(_populate(lmtp_port, url, tokens))
+        yield Live(url, tokens, refs)
     finally:
         code = asyncio.run(masd.terminate())
         masd.close()
@@ -205,16 +239,96 @@ def _call(case: Case, live: Live) -> None:
     case.call_and_validate(base_url=live.url, headers=live.headers_for(case), checks=CHECKS)
 
 
-@ROUTES_SCHEMA.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-def test_every_answer_conforms_to_the_document(case: Case, live: Live) -> None:
-    _call(case, live)
+def _operation_test(method: str, path: str) -> Callable[..., None]:
+    """One operation's test, through every phase of :data:`ROUTES_SCHEMA`."""
+
+    @ROUTES_SCHEMA.include(method=method, path=path).parametrize()
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+    def test(case: Case, live: Live) -> None:
+        _call(case, live)
+
+    return test
+
+
+#: (method, path) of every operation but POST /mas/v0.1/messages, as the document has them.
+OPERATIONS: Final = sorted(
+    (op.method.upper(), op.path) for op in (r.ok() for r in ROUTES_SCHEMA.get_all_operations())
+)
+# One test function per operation: Schemathesis makes one pytest item of each function
+# (items of one function would share one node id, and pytest would count them as one).
+for _method, _path in OPERATIONS:
+    _name = "test_conforms_" + _method.lower() + re.sub(r"\W+", "_", _path).rstrip("_")
+    _test = _operation_test(_method, _path)
+    _test.__name__ = _test.__qualname__ = _name
+    globals()[_name] = _test
+
+
+def test_each_operation_is_a_test_of_its_own(request: pytest.FixtureRequest) -> None:
+    """pytest announces and reports one test per operation: no two share a node id."""
+    here = [item.nodeid for item in request.session.items if item.path == request.node.path]
+    assert len(here) == len(set(here)), sorted(here)
+    own = [name for name in globals() if name.startswith("test_conforms_")]
+    assert len(own) == len(OPERATIONS) == len(set(OPERATIONS))
 
 
 @MESSAGES_SCHEMA.parametrize()
 @settings(max_examples=MESSAGE_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_answer_to_a_contract_message_conforms(case: Case, live: Live) -> None:
     _call(case, live)
+
+
+#: The contract messages masd takes, and whose secret sends each (the others: the CRM's).
+MESSAGE_TYPES: Final = (
+    "handoff.status",
+    "case.assign",
+    "case.policy",
+    "mail.send",
+    "handoff.cancel",
+)
+#: Answers of a message's own handler: past the secret and the schema.
+DECIDED: Final = {200, 403, 404, 409, 422}
+
+
+def _pinned(kind: str, live: Live) -> schemathesis.BaseSchema:
+    """The document with POST /mas/v0.1/messages taking ``kind`` only, its ``case`` and
+    the ids it names pinned to what ``live`` holds; every other field as the document has it."""
+    doc = copy.deepcopy(openapi.document())
+    schemas = doc["components"]["schemas"]
+    case = TICKET_CASE if kind == "handoff.status" else SLAVE_CASE
+    schemas["envelope"]["properties"]["case"] = {"const": case}
+    props = schemas[kind]["properties"]
+    for name, ref in (("handoff_id", "handoff_id"), ("intake_ref", "intake_ref")):
+        if name in props:
+            props[name] = {"const": live.refs[ref]}
+    if "in_reply_to" in props:
+        props["in_reply_to"] = {"const": live.refs["message_ref"]}
+    if "case" in props:
+        props["case"] = {"const": case}
+    body = doc["paths"][MESSAGES]["post"]["requestBody"]["content"]["application/json"]
+    body["schema"] = {"$ref": f"#/components/schemas/{kind}"}
+    return schemathesis.openapi.from_dict(doc)
+
+
+@pytest.mark.parametrize("kind", MESSAGE_TYPES)
+def test_each_contract_message_is_answered_past_the_peers_secret(kind: str, live: Live) -> None:
+    """Generated messages of one type with the secret of the peer that sends it: every
+    answer conforms, and the handler decides some (none stops at 401 or the schema)."""
+    operation = _pinned(kind, live)[MESSAGES]["POST"]
+    answered: list[int] = []
+
+    @given(case=operation.as_strategy())
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    def run(case: Case) -> None:
+        if isinstance(case.body, dict):
+            case.body["id"] = secrets.token_hex(8)  # each one new, not an idempotent repeat
+        response = case.call_and_validate(
+            base_url=live.url, headers=live.headers_for(case), checks=MESSAGE_CHECKS
+        )
+        answered.append(response.status_code)
+
+    run()
+    assert 401 not in answered, answered
+    assert DECIDED & set(answered), (kind, sorted(set(answered)))
 
 
 def _conforms(method: str, path: str, got: httpx.Response) -> None:

@@ -19,7 +19,7 @@ from support.postgres import postgres, postgres_server  # noqa: F401
 from masd.core.engine import CaseView
 from masd.core.event import build_event
 from masd.core.trust import TrustSettings
-from masd.store import Store, cases, message_reads, messages, open_store
+from masd.store import Store, cases, message_reads, messages, open_store, retention
 from masd.store.pg_backend import PgStore
 from masd.store.sql import Tx
 from masd.store.thread import append_thread
@@ -48,7 +48,8 @@ def _r(store: Backend, fn: Callable[[Tx], Any]) -> Any:
 
 
 def _case(store: Backend, key: str, domain: str, type_: str, at: float) -> None:
-    view = CaseView(key, f"{key}@{domain}", domain, type_, key, "master", "Ann@Example.org")
+    address = key if "@" in key else f"{key}@{domain}"
+    view = CaseView(key, address, domain, type_, key, "master", "Ann@Example.org")
     _w(store, lambda tx: cases.create(tx, view, at))
     _w(store, lambda tx: append_thread(tx, key, "mail.in", {"key": key}, at=at))
 
@@ -124,24 +125,27 @@ def test_intakes_in_order_by_state_and_scope(backend: Backend) -> None:
     assert seen == refs
 
 
+K1, K2, K3 = "ticket=1@help.example", "order=2@shop.example", "ticket=3@help.example"
+
+
 def test_scoped_events_and_cases(backend: Backend) -> None:
-    _case(backend, "k1", "help.example", "ticket", 1.0)
-    _case(backend, "k2", "shop.example", "order", 2.0)
-    _case(backend, "k3", "help.example", "ticket", 3.0)
-    _w(backend, lambda tx: append_thread(tx, "k1", "mail.in", {"key": "k1"}, at=4.0))
+    _case(backend, K1, "help.example", "ticket", 1.0)
+    _case(backend, K2, "shop.example", "order", 2.0)
+    _case(backend, K3, "help.example", "ticket", 3.0)
+    _w(backend, lambda tx: append_thread(tx, K1, "mail.in", {"key": K1}, at=4.0))
     scope = ["help.example/ticket"]
 
     def events(after: int, case_key: str | None, scope: list[str]) -> list[tuple[str, int]]:
         found = _r(backend, lambda tx: message_reads.scoped_events(tx, after, 10, case_key, scope))
         return [(e.case_key, e.seq) for e in found]
 
-    assert events(0, None, scope) == [("k1", 1), ("k3", 1), ("k1", 2)]
-    assert events(0, "k1", scope) == [("k1", 1), ("k1", 2)]
-    assert events(0, "k2", scope) == []
-    assert events(0, None, [*scope, "shop.example/order"])[1] == ("k2", 1)
+    assert events(0, None, scope) == [(K1, 1), (K3, 1), (K1, 2)]
+    assert events(0, K1, scope) == [(K1, 1), (K1, 2)]
+    assert events(0, K2, scope) == []
+    assert events(0, None, [*scope, "shop.example/order"])[1] == (K2, 1)
     all_events = _r(backend, lambda tx: message_reads.scoped_events(tx, 0, 10, None, scope))
-    assert events(all_events[0].pos, None, scope) == [("k3", 1), ("k1", 2)]
-    assert json.loads(all_events[0].data) == {"key": "k1"}
+    assert events(all_events[0].pos, None, scope) == [(K3, 1), (K1, 2)]
+    assert json.loads(all_events[0].data) == {"key": K1}
 
     def listed(scope: list[str], **kw: Any) -> list[str]:
         args: dict[str, Any] = {
@@ -154,17 +158,21 @@ def test_scoped_events_and_cases(backend: Backend) -> None:
         found = _r(backend, lambda tx: message_reads.scoped_cases(tx, scope=scope, **args))
         return [c.key for c in found]
 
-    assert listed(scope) == ["k1", "k3"]
-    assert listed([*scope, "shop.example/order"]) == ["k1", "k3", "k2"]
-    assert listed(scope, participant="ANN@example.org", open_handoff=False) == ["k1", "k3"]
+    assert listed(scope) == [K1, K3]
+    assert listed([*scope, "shop.example/order"]) == [K1, K3, K2]
+    assert listed(scope, participant="ANN@example.org", open_handoff=False) == [K1, K3]
     assert listed(scope, open_handoff=True) == []
     assert listed(scope, domain="shop.example") == []
-    assert listed(scope, limit=1) == ["k1"]
+    assert listed(scope, limit=1) == [K1]
     top = _r(
         backend,
         lambda tx: message_reads.scoped_cases(
             tx, before=None, limit=1, open_handoff=None, participant=None, domain=None, scope=scope
         ),
     )[0]
-    assert listed(scope, before=top.last_pos) == ["k3"]
+    assert listed(scope, before=top.last_pos) == [K3]
     assert listed([]) == []
+    # An erased case's one entry is still in its scope: the key names it, not the case row.
+    _w(backend, lambda tx: retention.erase_case(tx, K1, 5.0))
+    assert events(0, None, scope) == [(K3, 1), (K1, 3)]
+    assert events(0, None, ["shop.example/order"]) == [(K2, 1)]

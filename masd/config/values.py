@@ -94,7 +94,10 @@ def url_problem(url: str) -> str | None:
     """Why ``url`` is not an absolute http(s) URL masd may talk to, or None."""
     if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
         return "is not an http or https URL (it contains whitespace or control characters)"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # an unclosed "[" of an IPv6 host, a bracket elsewhere
+        return "is not an absolute http or https URL"
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         return "is not an absolute http or https URL"
     if parts.username is not None or parts.password is not None:

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from masd.edges.http import message as message_route
 from masd.edges.http.auth import may_read_as
+from masd.edges.http.events import case_key_for
 from masd.edges.http.shared import ATTACHMENT_PATH, HttpRefusal, Served, bad, show, stored
 from masd.read import case_views as readside
 from masd.read import feed, message_bytes, messages
@@ -78,11 +79,12 @@ async def list_cases(edge: Served, who: Reader, args: Args) -> dict[str, Any]:
 
 async def _case(edge: Served, who: Reader, key: str) -> dict[str, Any]:
     """The case ``key`` names, which ``who`` must be entitled to (as GET .../cases/{key})."""
+    missing = HttpRefusal("unknown-case", f"key: no case {key}")
     doc = await stored(edge.store.read(lambda db: readside.case_json(db, key)))
     if doc is None:
-        raise HttpRefusal("unknown-case", f"key: no case {key}")
+        raise missing
     case: dict[str, Any] = doc["case"]
-    may_read_as(who, Owned(case["domain"], case["type"]), f"case {case['key']}")
+    may_read_as(who, Owned(case["domain"], case["type"]), missing)
     return case
 
 
@@ -104,10 +106,11 @@ async def read_case(edge: Served, who: Reader, args: Args) -> dict[str, Any]:
 async def _message(edge: Served, who: Reader, args: Args) -> messages.Message:
     ref = text_arg(args, "message_ref", 128, required=True)
     assert ref is not None
+    missing = HttpRefusal("unknown-message", f"message_ref: no message {ref}")
     found = await stored(edge.store.read(lambda tx: messages.message(tx, ref)))
     if found is None:
-        raise HttpRefusal("unknown-message", f"message_ref: no message {ref}")
-    may_read_as(who, found.owner, f"message {ref}")
+        raise missing
+    may_read_as(who, found.owner, missing)
     return found
 
 
@@ -161,16 +164,9 @@ async def wait_events(edge: Served, who: Reader, args: Args) -> dict[str, Any]:
         raise bad("after", f"{show(text)} is not a cursor of the event feed")
     limit = int_arg(args, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
     wait = int_arg(args, "wait", 0, 0, MAX_WAIT)
-    case_key = None
-    if (named := text_arg(args, "case", 1024)) is not None:
-        keys = await stored(edge.store.read(lambda tx: readside.keys_named(tx, named)))
-        if len(keys) > 1:
-            raise bad("case", f"{show(named)} is the id of {len(keys)} cases; give the address")
-        if not keys:
-            raise HttpRefusal("unknown-case", f"case: no case {named}")
-        case_key = (await _case(edge, who, keys[0]))["key"]
+    case_key = await case_key_for(edge, who, text_arg(args, "case", 1024))
     scope = who.scope
-    follower = Follower(after, case_key, None if scope is None else frozenset(scope))
+    follower = Follower(after, case_key, who)
     try:
         with edge.hub.joined(follower, edge.rt.config.server.max_followers):
             page = await stored(

@@ -7,6 +7,14 @@ webhooks read nothing.  :func:`entitled` decides; the HTTP edge asks it once for
 route (before the handler, with :data:`ANYTHING`) and once for each thing a handler is
 about to show (an :class:`Owned`), and lists (cases, events, intakes) are read through
 :attr:`Reader.scope`, so a master's lists hold its own types only.
+
+What a reader may not see it is told does not exist: the same refusal, word for word,
+as for a thing never made.  A master-role type's ids are sequential, so a refusal of its
+own would let any master count another type's cases.
+
+An event belongs to the (domain, type) its case key names (:func:`key_owner`), not to a
+row of the case: a ``case.erased`` entry outlives its case, and the feed's store reads
+and its in-memory tail go by the key alike.
 """
 
 from __future__ import annotations
@@ -46,6 +54,12 @@ class Owned:
 
     domain: str
     type: str
+
+
+def key_owner(case_key: str) -> Owned:
+    """The domain and type a case key (``type=id@domain``) names."""
+    local, _, domain = case_key.rpartition("@")
+    return Owned(domain, local.partition("=")[0])
 
 
 #: The read side as a whole: what a route asks before it knows what it will show.

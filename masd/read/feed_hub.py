@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from masd.read.access import ADMIN, Reader, entitled, key_owner
 from masd.read.feed import MAX_EVENTS, MIN_GAP_SECONDS, POLL_SECONDS, Encoded, Encodings, FeedWatch
 from masd.read.feed import encoded as _encoded
 from masd.store import StoreError, StoreHandle
@@ -48,12 +49,6 @@ REPLAY_PAGE: Final = 200
 #: often (and each follower gets more events at once), so fanning out costs intake
 #: about the same however many follow; 500 followers hear of a commit within 0.25 s.
 FANOUT_PER_SECOND: Final = 2000
-
-
-def scope_of(case_key: str) -> str:
-    """The ``"domain/type"`` pair of a case key (``type=id@domain``)."""
-    type_, _, rest = case_key.partition("=")
-    return f"{rest.rpartition('@')[2]}/{type_}"
 
 
 class FollowersFull(Exception):
@@ -74,8 +69,9 @@ class Follower:
 
     pos: int
     case_key: str | None = None
-    #: The ``"domain/type"`` pairs a master reads (None: every event).
-    scope: frozenset[str] | None = None
+    #: Who follows: the events it is given are those it may read, by the one rule of
+    #: :func:`masd.read.access.entitled` (the store's reads go by its scope, the same rule).
+    reader: Reader = ADMIN
     live: bool = False
     dropped: str | None = None
     on_drop: Callable[[], None] | None = None
@@ -83,12 +79,12 @@ class Follower:
     @property
     def takes_all(self) -> bool:
         """Whether every event is this follower's (no case and no scope named)."""
-        return self.case_key is None and self.scope is None
+        return self.case_key is None and self.reader.pairs is None
 
     def wants(self, item: Encoded) -> bool:
         if self.case_key is not None and item.case_key != self.case_key:
             return False
-        return self.scope is None or scope_of(item.case_key) in self.scope
+        return entitled(self.reader, key_owner(item.case_key))
 
     def drop(self, why: str) -> None:
         if self.dropped is None:
@@ -267,7 +263,7 @@ class FeedHub:
                     after=follower.pos,
                     limit=limit,
                     case_key=follower.case_key,
-                    scope=follower.scope,
+                    scope=follower.reader.scope,
                 )
             )
             if len(found.items) >= limit:

@@ -144,7 +144,15 @@ def intakes(
 
 @cache
 def _scope_clause(d: Dialect) -> str:
-    return f"AND c.domain || '/' || c.type IN {d.json_values()} "
+    """An entry is in a scope by its case key's domain and type
+    (:func:`masd.read.access.key_owner`), not its case's row: a ``case.erased``
+    entry outlives its case."""
+    if d.name == "sqlite":
+        domain = "substr(t.case_key, instr(t.case_key, '@') + 1)"
+        type_ = "substr(t.case_key, 1, instr(t.case_key, '=') - 1)"
+    else:
+        domain, type_ = "split_part(t.case_key, '@', 2)", "split_part(t.case_key, '=', 1)"
+    return f"AND {domain} || '/' || {type_} IN {d.json_values()} "
 
 
 def scoped_events(

@@ -8,10 +8,11 @@ finds who as ``request[READER]`` and asks :func:`may_read` of each thing it show
 ``"anyone"``, or ``"console"`` (the operator console: ``404 not-found`` while
 ``server.console`` is off; its pages check their session cookie themselves, in
 :mod:`masd.edges.http.console`, since a browser is sent to the sign-in page rather than
-answered 401).  A missing or wrong secret is ``401 unauthenticated``, raised as
-:class:`~masd.edges.http.shared.HttpRefusal` before the body is read; a known secret not
-entitled to what it asks is ``403 forbidden`` (:func:`masd.read.access.entitled`, the one
-rule of who reads what).
+answered 401).  A missing or unknown secret is ``401 unauthenticated``, raised as
+:class:`~masd.edges.http.shared.HttpRefusal` before the body is read; a known secret on a
+route it may not use (a peer's on an admin route, a mode endpoint's on the read side) is
+``403 forbidden``; a thing a reader may not read (:func:`masd.read.access.entitled`, the
+one rule of who reads what) is answered as a thing that does not exist (:func:`may_read`).
 """
 
 from __future__ import annotations
@@ -54,18 +55,25 @@ def peer_of(rt: Runtime, secret: str | None) -> Principal:
 
 
 def admin(rt: Runtime, request: web.Request) -> None:
-    """docs/protocol.md §16: the read side needs the admin secret, else 401."""
+    """docs/protocol.md §16: an admin route needs the admin secret; a peer's secret is
+    ``403 forbidden``, none or an unknown one 401."""
     token = rt.config.server.admin_token
-    if token is None:
-        raise HttpRefusal(
-            "unauthenticated",
-            "no admin token is configured (server.admin_token_file): the read side is closed",
-        )
     secret = bearer(request)
     if secret is None:
         raise HttpRefusal("unauthenticated", NO_BEARER)
-    if not hmac.compare_digest(secret.encode(), token.encode()):
-        raise HttpRefusal("unauthenticated", "Authorization: not the admin secret")
+    if token is not None and hmac.compare_digest(secret.encode(), token.encode()):
+        return
+    principal = rt.directory.authenticate(secret)
+    if principal is not None:
+        raise HttpRefusal(
+            "forbidden", f"Authorization: a {principal.kind} peer's secret, not the admin secret"
+        )
+    if token is None:
+        raise HttpRefusal(
+            "unauthenticated",
+            "no admin token is configured (server.admin_token_file): the admin routes are closed",
+        )
+    raise HttpRefusal("unauthenticated", "Authorization: not the admin secret")
 
 
 def reader(rt: Runtime, request: web.Request) -> Reader:
@@ -100,17 +108,16 @@ def reader_of(rt: Runtime, secret: str | None) -> Reader:
     return found
 
 
-def may_read(request: web.Request, what: Owned, shown: str) -> None:
-    """``403 forbidden`` unless the request's reader may read ``what`` (``shown`` names it)."""
-    may_read_as(request[READER], what, shown)
+def may_read(request: web.Request, what: Owned, missing: HttpRefusal) -> None:
+    """Raise ``missing`` (the route's own refusal of a thing that does not exist) unless
+    the request's reader may read ``what``: what a reader may not see is, to it, not there."""
+    may_read_as(request[READER], what, missing)
 
 
-def may_read_as(who: Reader, what: Owned, shown: str) -> None:
+def may_read_as(who: Reader, what: Owned, missing: HttpRefusal) -> None:
     """:func:`may_read` for the reader ``who``."""
     if not entitled(who, what):
-        raise HttpRefusal(
-            "forbidden", f"{shown} belongs to {what.type} of {what.domain}, not to this secret"
-        )
+        raise missing
 
 
 def authenticate(rt: Runtime, routes: Mapping[web.AbstractRoute, Route]) -> Middleware:

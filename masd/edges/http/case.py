@@ -15,11 +15,12 @@ from masd.read.access import Owned
 
 async def case(request: web.Request, edge: Served) -> web.StreamResponse:
     key = request.match_info["key"]
+    missing = HttpRefusal("unknown-case", f"key: no case {key}")
     doc = await stored(edge.store.read(lambda db: readside.case_json(db, key)))
     if doc is None:
-        raise HttpRefusal("unknown-case", f"key: no case {key}")
+        raise missing
     case = doc["case"]
-    may_read(request, Owned(case["domain"], case["type"]), f"case {case['key']}")
+    may_read(request, Owned(case["domain"], case["type"]), missing)
     return web.json_response(doc)
 
 

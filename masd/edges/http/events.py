@@ -16,7 +16,7 @@ from typing import Final
 
 from aiohttp import hdrs, web
 
-from masd.edges.http.auth import READER, may_read
+from masd.edges.http.auth import READER
 from masd.edges.http.shared import (
     EVENTS_PATH,
     HttpRefusal,
@@ -30,7 +30,7 @@ from masd.edges.http.shared import (
 from masd.logs import shown
 from masd.read import case_views as readside
 from masd.read import feed
-from masd.read.access import Owned
+from masd.read.access import Reader, entitled, key_owner
 from masd.read.feed_hub import REPLAY_PAGE, Dropped, Follower, FollowersFull
 from masd.store import StoreError
 
@@ -58,19 +58,22 @@ async def events(request: web.Request, edge: Served) -> web.StreamResponse:
         raise bad("after", f"{show(text)} is not a cursor of the event feed")
     limit = int_param(request, "limit", feed.DEFAULT_EVENTS, 1, feed.MAX_EVENTS)
     wait = int_param(request, "wait", 0, 0, feed.MAX_WAIT)
-    case_key = await _case_key(request, edge, request.query.get("case"))
-    scope = request[READER].scope
-    if not streaming and wait == 0:
+    case_key = await case_key_for(edge, request[READER], request.query.get("case"))
+    follower = Follower(after, case_key, request[READER])
+    if not streaming and wait == 0:  # no follower: one read, as a follower's catching up
         found = await stored(
             edge.store.read(
                 functools.partial(
-                    feed.encoded, after=after, limit=limit, case_key=case_key, scope=scope
+                    feed.encoded,
+                    after=after,
+                    limit=limit,
+                    case_key=case_key,
+                    scope=follower.reader.scope,
                 )
             )
         )
         _not_ahead(found, text)
         return _json(feed.body(found.items, after))
-    follower = Follower(after, case_key, None if scope is None else frozenset(scope))
     try:
         with edge.hub.joined(follower, edge.rt.config.server.max_followers):
             if streaming:
@@ -119,20 +122,17 @@ async def _poll(
             return feed.body(items, after)
 
 
-async def _case_key(request: web.Request, edge: Served, text: str | None) -> str | None:
-    """The key of the case ``case=`` names (address, key or an id only one case has),
-    which the reader must be entitled to."""
+async def case_key_for(edge: Served, who: Reader, text: str | None) -> str | None:
+    """The key of the case ``case=`` names (address, key or an id only one case has)
+    among those ``who`` may read: the others are not counted, nor named."""
     if text is None:
         return None
-    keys = await stored(edge.store.read(lambda tx: readside.keys_named(tx, text)))
+    named = await stored(edge.store.read(lambda tx: readside.keys_named(tx, text)))
+    keys = [key for key in named if entitled(who, key_owner(key))]
     if len(keys) > 1:
         raise bad("case", f"{show(text)} is the id of {len(keys)} cases; give the address")
     if not keys:
         raise HttpRefusal("unknown-case", f"case: no case {text}")
-    found = await stored(edge.store.read(lambda tx: readside.case_json(tx, keys[0])))
-    if found is not None:
-        case = found["case"]
-        may_read(request, Owned(case["domain"], case["type"]), f"case {case['key']}")
     return keys[0]
 
 

@@ -40,10 +40,11 @@ _ATTR_CHARS: Final = "!#$&+-.^_`|~"
 async def _message(request: web.Request, edge: Served) -> messages.Message:
     """The message the path names, which the reader must be entitled to."""
     ref = request.match_info["ref"]
+    missing = HttpRefusal("unknown-message", f"message_ref: no message {ref}")
     found = await stored(edge.store.read(lambda tx: messages.message(tx, ref)))
     if found is None:
-        raise HttpRefusal("unknown-message", f"message_ref: no message {ref}")
-    may_read(request, found.owner, f"message {ref}")
+        raise missing
+    may_read(request, found.owner, missing)
     return found
 
 

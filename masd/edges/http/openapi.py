@@ -97,7 +97,8 @@ def _headers(names: tuple[str, ...]) -> dict[str, Schema]:
 def _kinds(op: Operation) -> tuple[str, ...]:
     """The refusals ``op`` can give: its own, the secret's, and masd's own failure."""
     auth = () if op.who == "anyone" or "unauthenticated" in op.refusals else ("unauthenticated",)
-    reader = ("forbidden",) if op.who == "reader" else ()
+    # A known secret on a route not for it: a mode's on the read side, a peer's on an admin's.
+    reader = ("forbidden",) if op.who in ("reader", "admin") else ()
     # A path parameter that is not what the path takes (a `/` in it, an id that is not
     # digits) matches no route.
     unrouted = ("not-found",) if "{" in op.path else ()
@@ -223,8 +224,10 @@ def document() -> dict[str, Any]:
                     "scheme": "bearer",
                     "description": "A peer's secret (the token_file of its endpoint, master or "
                     "webhook entry); it says who the peer is. On the read side, a slave-role "
-                    "type's master reads with its own secret, its own types only; any other "
-                    "peer's secret there is 403 `forbidden`.",
+                    "type's master reads with its own secret, its own types only (another "
+                    "type's case or message is answered 404, as one that does not exist); any "
+                    "other peer's secret there, and any peer's on an admin route, is 403 "
+                    "`forbidden`.",
                 },
             },
             "schemas": {**answer_schemas(), **contract_schemas()},

@@ -17,14 +17,15 @@ async def thread(request: web.Request, edge: Served) -> web.StreamResponse:
     key = request.match_info["key"]
     after = int_param(request, "after", 0, 0, 2**63 - 1)
     limit = int_param(request, "limit", readside.DEFAULT_LIMIT, 1, readside.MAX_LIMIT)
+    missing = HttpRefusal("unknown-case", f"key: no case {key}")
     found = await stored(edge.store.read(lambda db: readside.case_json(db, key)))
     if found is None:
-        raise HttpRefusal("unknown-case", f"key: no case {key}")
+        raise missing
     case = found["case"]
-    may_read(request, Owned(case["domain"], case["type"]), f"case {case['key']}")
+    may_read(request, Owned(case["domain"], case["type"]), missing)
     doc = await stored(edge.store.read(lambda db: readside.thread_json(db, key, after, limit)))
     if doc is None:
-        raise HttpRefusal("unknown-case", f"key: no case {key}")
+        raise missing
     return web.json_response(doc)
 
 
