@@ -37,6 +37,10 @@ class Mismatch(Exception):
     """The bytes found for an attachment are not those its event lists (a fault of masd's)."""
 
 
+class Gone(Exception):
+    """The message is no longer in the store (its case was erased while it was served)."""
+
+
 @dataclass(frozen=True)
 class Attachment:
     """An attachment as listed, and where its encoded bytes lie in the raw message."""
@@ -112,6 +116,8 @@ async def raw_pieces(
         count = min(CHUNK, end - at)
         job = functools.partial(reads.raw_range, message_ref=message_ref, offset=at, length=count)
         piece = await store.read(job)
+        if piece is None:
+            raise Gone(f"message {message_ref} is no longer stored (its case was erased)")
         if not piece:
             return
         yield piece
