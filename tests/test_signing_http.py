@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from support.http import CALLBACK, CHAT, Running, serving, status_message
 from support.outbox import Env, deliver, inbound, make_env, query
 from test_signing import documented_verify, new_secret, signed_config, write_secrets
@@ -294,7 +296,7 @@ async def _raw_answer(r: Running, request: bytes) -> tuple[bytes, dict[str, Any]
 
 
 def test_a_signature_header_over_8190_bytes_is_masds_json_refusal_naming_it(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def body(r: Running, keys: list[str]) -> None:
         raw = await accepted_status(r)
@@ -324,4 +326,11 @@ def test_a_signature_header_over_8190_bytes_is_masds_json_refusal_naming_it(
         assert doc["error"] == "invalid-message", doc
         assert (await send(r, raw, keys)).json() == {"ok": True}
 
-    inbound_run(tmp_path, body)
+    with caplog.at_level(logging.INFO):
+        inbound_run(tmp_path, body)
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if "not a valid HTTP" in r.getMessage() and "16380" in r.getMessage()
+    ]
+    assert "AAAA" not in line, line  # the parser's excerpt of the value is never logged

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 import socket
 from dataclasses import dataclass
 from typing import Any, Final
@@ -39,6 +40,8 @@ KEEPALIVE_TIMEOUT: Final = 75.0
 MAX_CONNECTIONS: Final = 1000
 #: The bytes of one header field the HTTP parser reads before it refuses the request.
 PARSED_HEADER_FIELD: Final = 2 * MAX_HEADER_FIELD
+#: A header field's name (RFC 9110 §5.1) at the start of the line the parser quotes.
+_FIELD_NAME: Final = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]{1,60}):")
 
 
 class _ServerLog(logging.Logger):
@@ -50,7 +53,9 @@ class _ServerLog(logging.Logger):
     ) -> None:
         if isinstance(exc_info, HttpProcessingError):
             text = str(msg) % args if args else str(msg)
-            reason = parser_refusal(str(exc_info))  # never the header line it quotes
+            # never the header line it quotes
+            reason = _too_long(exc_info) if isinstance(exc_info, LineTooLong) else None
+            reason = reason or parser_refusal(str(exc_info))
             log.info("%s: not a valid HTTP request (%s)", text, reason[:300])
             return
         log.error(msg, *args, exc_info=exc_info if isinstance(exc_info, BaseException) else True)
@@ -76,15 +81,20 @@ class _Connection(web.RequestHandler):
         return response
 
 
+def _too_long(exc: LineTooLong) -> str:
+    """What the parser found too long, without its bytes: the field's name when the line it
+    quotes starts with one."""
+    line = exc.args[0] if isinstance(exc.args[0], bytes) else str(exc.args[0]).encode()
+    named = _FIELD_NAME.match(line)
+    what = f"{named.group(1).decode()}: a header field" if named else "a line or header field"
+    return f"{what} over {exc.args[1]} bytes"
+
+
 def _parser_refusal(status: int, exc: BaseException | None) -> HttpRefusal:
     if status >= 500:
         return HttpRefusal("unavailable", "masd failed; retry later (see its log)")
     if isinstance(exc, LineTooLong):
-        return HttpRefusal(
-            "invalid-message",
-            f"request head: a line or header field over {exc.args[1]} bytes "
-            f"(a header field is read up to {MAX_HEADER_FIELD})",
-        )
+        return HttpRefusal("invalid-message", f"request head: {_too_long(exc)}")
     why = parser_refusal(str(exc)) if exc is not None else "unreadable"
     return HttpRefusal("invalid-message", f"request: not valid HTTP ({why[:200]})")
 
