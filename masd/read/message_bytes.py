@@ -32,6 +32,8 @@ from masd.store import message_reads as reads
 
 #: Raw bytes read from the store at a time.
 CHUNK: Final = 256 * 1024
+#: The pieces an attachment's first bytes are read in, for a range that ends near its start.
+SMALL_CHUNK: Final = 16 * 1024
 #: Attachments whose span :class:`Spans` keeps.
 KEPT_SPANS: Final = 256
 #: Requests that decode an attachment whole in memory at once; the others wait their turn.
@@ -154,12 +156,12 @@ _WHOLE: Final = _PerLoop(WHOLE_AT_ONCE)
 
 
 async def raw_pieces(
-    store: StoreHandle, message_ref: str, start: int, end: int
+    store: StoreHandle, message_ref: str, start: int, end: int, chunk: int = CHUNK
 ) -> AsyncIterator[bytes]:
-    """``raw[start:end]`` of the message, a piece at a time."""
+    """``raw[start:end]`` of the message, ``chunk`` bytes at a time."""
     at = start
     while at < end:
-        count = min(CHUNK, end - at)
+        count = min(chunk, end - at)
         job = functools.partial(reads.raw_range, message_ref=message_ref, offset=at, length=count)
         piece = await store.read(job)
         if piece is None:
@@ -189,7 +191,10 @@ async def decoded_pieces(
         lo, hi = max(first - at, 0), min(last + 1 - at, len(piece))
         return piece[lo:hi] if lo < hi else b""
 
-    async for encoded in raw_pieces(store, message_ref, span.start, span.end):
+    # A few bytes near the start (a client sniffing the type) read little: no encoding
+    # takes more than 4 characters a byte, but quoted-printable's =XX and line breaks.
+    chunk = min(CHUNK, max(SMALL_CHUNK, 4 * (last + 1)))
+    async for encoded in raw_pieces(store, message_ref, span.start, span.end, chunk):
         piece = decoder.feed(encoded)
         if out := wanted(piece):
             yield out
