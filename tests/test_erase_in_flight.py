@@ -5,6 +5,10 @@ acknowledgement at ``DATA`` (the mail mid-SMTP: the relay has its envelope, not 
 The case is erased meanwhile; the relay then invites the data, and finds the connection
 closed before the end of it, so it has no mail to deliver (before, masd sent the data and
 the acknowledgement of the erased case went out).  Nothing of the case is sent again.
+
+Likewise a ``handoff.request`` whose mode endpoint holds its answer: once the case is
+erased the request is given up, so the ``handoff.cancel`` the erase queued behind it on the
+same queue goes out at once (before, it waited for the request's answer, here for ever).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import httpx
 from support.masd_process import WAIT, MasdProcess, mx_mail, write_master_config
 
 from masd.testing import lmtpclient
-from masd.testing.peers import FakePeer
+from masd.testing.peers import Answer, FakePeer, Recorded, SmtpSink
 
 ANN = "ann@example.org"
 KEY = "ticket=ticket-1@help.example"
@@ -113,5 +117,47 @@ def test_an_acknowledgement_mid_smtp_is_broken_off_when_its_case_is_erased(
                 assert "its case was erased" in masd.log()
                 assert await masd.terminate() == 0
             assert relay.sessions == 1  # nothing of the case was sent again
+
+    asyncio.run(main())
+
+
+def test_a_request_held_by_its_mode_is_given_up_when_its_case_is_erased(tmp_path: Path) -> None:
+    never = asyncio.Event()
+
+    async def hold(rec: Recorded) -> Answer:
+        if rec.json is not None and rec.json.get("type") == "handoff.request":
+            await never.wait()  # the mode never answers
+        return 200, {"ok": True}
+
+    async def main() -> None:
+        async with FakePeer(hold) as endpoint, SmtpSink() as sink:
+            setup = write_master_config(
+                tmp_path / "masd", endpoint_url=endpoint.url + "cb", smtp_port=sink.port
+            )
+            text = setup.config.read_text().replace("[server]\n", '[server]\npeer_timeout = "1h"\n')
+            setup.config.write_text(text)
+            async with (
+                MasdProcess(setup.config, tmp_path / "masd.log") as masd,
+                httpx.AsyncClient(base_url=setup.http_url, timeout=WAIT) as http,
+            ):
+                rcpt = "ticket!callback@help.example"
+                _, data = mx_mail(ANN, rcpt, subject="Call me")
+                result = await lmtpclient.deliver(("127.0.0.1", setup.lmtp_port), ANN, [rcpt], data)
+                assert result.codes == (250,), result
+                (request,) = await endpoint.wait_for(1, WAIT)
+                assert request.json is not None
+                assert request.json["type"] == "handoff.request"
+                erased = await http.post(
+                    f"/mas/v0.1/cases/{KEY}/erase",
+                    headers={"Authorization": f"Bearer {setup.admin_token}"},
+                )
+                assert erased.status_code == 200, erased.text
+                received = await endpoint.wait_for(2, WAIT)
+                cancel = received[1].json
+                assert cancel is not None
+                assert (cancel["type"], cancel["reason"]) == ("handoff.cancel", "erased")
+                assert "its case was erased" in masd.log()
+                never.set()
+                assert await masd.terminate() == 0
 
     asyncio.run(main())
