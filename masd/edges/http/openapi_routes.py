@@ -109,7 +109,11 @@ _INTAKE_REF: Final = path_param(
 _CONDITIONS: Final = (
     header("Range", {"type": "string"}, "One byte range, e.g. `bytes=0-1023`."),
     header("If-Range", {"type": "string"}, "The Range holds only while the ETag is this one."),
-    header("If-None-Match", {"type": "string"}, "Naming the ETag: 304, no body."),
+    header(
+        "If-None-Match",
+        {"type": "string"},
+        "`*`, or a list naming the ETag (`W/` or not, compared weakly): 304, no body.",
+    ),
 )
 _BYTES_HEADERS: Final = ("ETag", "Accept-Ranges")
 _ATTACHMENT_HEADERS: Final = (*_BYTES_HEADERS, "Content-Disposition", "X-Content-Type-Options")
