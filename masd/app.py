@@ -117,6 +117,8 @@ class Wakeup:
 
     def committed(self, wakes: Wakes) -> None:
         self.feed.poke()
+        if wakes.erased and self.outbox is not None:
+            self.outbox.abandon(wakes.erased)
         if wakes.outbox and self.outbox is not None:
             self.outbox.wake(wakes.queues)
         if wakes.deadline is not None and self.timer is not None:

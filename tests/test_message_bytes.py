@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from test_mime_cases import HEAD, tnef
 
-from masd.core import mime
+from masd.core import mime, uu
 from masd.core.event import build_event
 from masd.core.partdecode import decoder_for
-from masd.core.partspans import attachment_spans, span_bytes
+from masd.core.partspans import attachment_spans, span_bytes, streamed
 from masd.core.trust import TrustSettings
 
 MAIL = Path(__file__).parent / "mail"
@@ -67,6 +67,46 @@ def test_a_quoted_printable_line_longer_than_the_bound_is_cut_between_escapes() 
     assert decoded("quoted-printable", body, rng) == leaf.decoded()
 
 
+def uudecoded_line_by_line(data: bytes) -> bytes:
+    """The whole-body uudecode masd had before it decoded in pieces: the reference."""
+    lines = data.splitlines()
+    start = next((i + 1 for i, ln in enumerate(lines) if ln.startswith(b"begin ")), 0)
+    out = bytearray()
+    for line in lines[start:]:
+        line = line.rstrip(b"\r")
+        if line == b"end":
+            break
+        if not line or line in (b"`", b" "):
+            continue
+        out += uu._line(line)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_uuencode_in_pieces_is_the_line_by_line_decoding(seed: int) -> None:
+    rng = random.Random(seed)
+    data = rng.randbytes(rng.randrange(0, 4000))
+    lines = [binascii.b2a_uu(data[i : i + 45]) for i in range(0, len(data), 45)]
+    if seed % 2:  # padding dropped at the ends of lines, as some encoders write
+        lines = [ln.rstrip(b"\n").rstrip(b"`") + b"\n" for ln in lines]
+    if seed % 3 == 0:  # junk lines, an overlong line, a bare CR, text after end
+        at = rng.randrange(0, len(lines) + 1)
+        long = b"M" + b"!" * rng.randrange(60, 200_000) + b"\n"  # decodes: its start counts
+        lines[at:at] = [b"not uu at all\n", long, b"\r", b"M" + b"x" * 70 + b"\n"]
+    body = b"".join(lines) + b"`\nend\n" + lines[0] if lines else b"end\n"
+    if seed % 5 == 1:
+        body = body[: rng.randrange(0, len(body) + 1)]  # cut anywhere, the end line too
+    breaks = (b"\n", b"\r\n", b"\r")[seed % 3]
+    intro = (b"", b"Some text first.\r\n", b"begin 644 a.bin\n")[seed % 4 % 3]
+    body = intro + (b"begin 644 f.bin\n" if seed % 7 else b"") + body.replace(b"\n", breaks)
+    expected = uudecoded_line_by_line(body)
+    assert uu.uudecode(body) == expected
+    start = uu.data_start(body)
+    assert decoded("x-uuencode", body[start:], rng) == expected
+    if seed % 7 and seed % 5 != 1 and seed % 3:
+        assert expected == data
+
+
 def test_other_encodings_are_passed_through() -> None:
     assert decoded("8bit", b"a\r\nb", random.Random(0)) == b"a\r\nb"
     assert decoded("x-unknown", b"=41", random.Random(0)) == b"=41"
@@ -85,11 +125,11 @@ def spans_match_event(raw: bytes) -> int:
     spans = attachment_spans(raw)
     assert len(spans) == len(event.attachments)
     for span, listed in zip(spans, event.attachments, strict=True):
-        encoded = raw[span.start : span.end]
         if span.streamable:
-            data = decoded(span.encoding, encoded, random.Random(0))
+            fed = streamed(raw, span)
+            data = decoded(span.encoding, raw[fed.start : fed.end], random.Random(0))
         else:
-            data = span_bytes(encoded, span)
+            data = span_bytes(raw[span.start : span.end], span)
         assert (len(data), hashlib.sha256(data).hexdigest()) == (listed.size, listed.sha256)
         assert (span.content_type, span.filename) == (listed.content_type, listed.filename)
     return len(spans)
@@ -121,15 +161,15 @@ def test_nested_multiparts_with_every_encoding() -> None:
     assert spans_match_event(b"From x@y Mon Jan 1\n" + raw) == 4
 
 
-def test_files_inside_a_tnef_part_and_uuencoded_bodies_are_decoded_whole() -> None:
+def test_files_inside_a_tnef_part_are_decoded_whole_and_uuencoded_bodies_in_pieces() -> None:
     files = [("REPORT~1.PDF", "Quarterly report 2025.pdf", b"%PDF-1.4 x"), ("A.TXT", "a.txt", b"a")]
-    uu = binascii.b2a_uu(b"uuencoded bytes")
+    uu_line = binascii.b2a_uu(b"uuencoded bytes")
     raw = HEAD + (
         b"Content-Type: multipart/mixed; boundary=b\n\n--b\nContent-Type: text/plain\n\nsee\n"
         b'--b\nContent-Type: application/ms-tnef; name="winmail.dat"\n'
         b"Content-Transfer-Encoding: base64\n\n" + base64.encodebytes(tnef(files)) + b"--b\n"
         b"Content-Type: application/octet-stream; name=u.bin\n"
-        b"Content-Transfer-Encoding: x-uuencode\n\nbegin 644 u.bin\n" + uu + b"`\nend\n--b--\n"
+        b"Content-Transfer-Encoding: x-uuencode\n\nbegin 644 u.bin\n" + uu_line + b"`\nend\n--b--\n"
     )
     assert spans_match_event(raw) == 4
     spans = attachment_spans(raw)
@@ -137,6 +177,8 @@ def test_files_inside_a_tnef_part_and_uuencoded_bodies_are_decoded_whole() -> No
         (True, None),
         (False, 0),
         (False, 1),
-        (False, None),
+        (True, None),
     ]
     assert span_bytes(raw[spans[3].start : spans[3].end], spans[3]) == b"uuencoded bytes"
+    fed = streamed(raw, spans[3])
+    assert raw[fed.start : fed.end].startswith(b"\n" + uu_line[:10])

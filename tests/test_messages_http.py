@@ -75,6 +75,19 @@ async def check_raw(r: Readers, data: bytes) -> str:
         message_path(ref, "/raw"), "crm", headers={"If-None-Match": raw.headers["etag"]}
     )
     assert (again.status_code, again.content) == (304, b"")
+    # RFC 9110 §13.1.2: weak comparison, a list, and "*" (the message exists).
+    etag = raw.headers["etag"]
+    for tags in (f"W/{etag}", f'"nope", W/{etag}', "*", f'"x" ,{etag}'):
+        again = await r.get(message_path(ref, "/raw"), "crm", headers={"If-None-Match": tags})
+        assert (again.status_code, again.content) == (304, b""), tags
+        assert again.headers["etag"] == etag
+    for tags in ('"nope"', "W/" + etag[:-2] + 'x"', ""):
+        again = await r.get(message_path(ref, "/raw"), "crm", headers={"If-None-Match": tags})
+        assert (again.status_code, again.content) == (200, data), tags
+    # If-Range compares strongly: a weak tag gets the whole body.
+    weak = {"Range": "bytes=10-19", "If-Range": f"W/{etag}"}
+    whole = await r.get(message_path(ref, "/raw"), "crm", headers=weak)
+    assert (whole.status_code, whole.content) == (200, data)
     return ref
 
 

@@ -261,3 +261,36 @@ def test_answers_under_a_store_fault_are_the_documented_503s(tmp_path: Path) -> 
             assert statuses.count(503) >= len(API_ROUTES) - 1  # /openapi.json needs no store
 
     asyncio.run(main())
+
+
+def test_an_empty_query_value_is_refused_where_the_document_refuses_it(tmp_path: Path) -> None:
+    """Each string query parameter sent empty (``?after=``): where its schema in the
+    document takes the empty string masd does not refuse it 400 naming it, and where the
+    schema refuses it masd answers a 4xx."""
+    empty: list[tuple[str, str, bool]] = []
+    for (method, path), op in operations(DOC).items():
+        for param in op.get("parameters", []):
+            schema = param.get("schema", {})
+            if method == "get" and param["in"] == "query" and schema.get("type") == "string":
+                accepted = Draft202012Validator(schema).is_valid("")
+                empty.append((_concrete(path), param["name"], accepted))
+    assert {(p, n) for p, n, _ in empty} >= {
+        ("/mas/v0.1/cases", "after"),
+        ("/mas/v0.1/events", "after"),
+        ("/mas/v0.1/intakes", "after"),
+    }
+
+    async def main() -> list[str]:
+        wrong = []
+        async with serving(tmp_path) as r:
+            for path, name, accepted in empty:
+                got = await r.client.get(
+                    f"{path}?{name}=", headers={"Authorization": f"Bearer {ADMIN}"}
+                )
+                named = got.status_code == 400 and got.json()["detail"].startswith(name)
+                if named if accepted else not 400 <= got.status_code < 500:
+                    wrong.append(f"{path}?{name}= answered {got.status_code} {got.text[:80]}")
+        return wrong
+
+    wrong = asyncio.run(main())
+    assert not wrong, "\n".join(wrong)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from support.http import CALLBACK, CHAT, Running, serving, status_message
 from support.outbox import Env, deliver, inbound, make_env, query
 from test_signing import documented_verify, new_secret, signed_config, write_secrets
@@ -255,3 +257,80 @@ def test_headers_that_are_not_text_are_401_never_a_fault(tmp_path: Path) -> None
             assert response.status_code == 401, (name, response.text)
 
     inbound_run(tmp_path, body)
+
+
+def test_a_signature_header_sent_twice_is_401_naming_it(tmp_path: Path) -> None:
+    """Two lines of one signature header are refused, whichever of them is valid: never the
+    first read alone (RFC 9110 §5.3: the header is no list that lines may be joined into)."""
+
+    async def body(r: Running, keys: list[str]) -> None:
+        raw = await accepted_status(r)
+        good = signing.headers([signing.parse_secret(keys[0])], "x", int(r.clock.now()), raw)
+        forged = {"webhook-id": "y", "webhook-timestamp": "1", "webhook-signature": "v1,AAAA"}
+        for name in good:
+            for pair in ((good[name], forged[name]), (forged[name], good[name])):
+                headers = [*JSON.items(), ("Authorization", f"Bearer {CALLBACK}")]
+                headers += [(k, v) for k, v in good.items() if k != name]
+                headers += [(name, value) for value in pair]
+                response = await r.client.post(MESSAGES_PATH, content=raw, headers=headers)
+                refused_401(response, name)
+                assert "2 lines" in response.json()["detail"]
+        assert (await send(r, raw, keys)).json() == {"ok": True}
+
+    inbound_run(tmp_path, body)
+
+
+async def _raw_answer(r: Running, request: bytes) -> tuple[bytes, dict[str, Any], bytes]:
+    """``request`` on a fresh connection: the status line, the JSON body, what followed."""
+    host, port = r.server.addresses[0]
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(request)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 30)  # until masd closes the connection
+    writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), answer[:300]
+    decoder = json.JSONDecoder()
+    doc, end = decoder.raw_decode(rest.decode())
+    return head.split(b"\r\n")[0], doc, rest[end:]
+
+
+def test_a_signature_header_over_8190_bytes_is_masds_json_refusal_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body(r: Running, keys: list[str]) -> None:
+        raw = await accepted_status(r)
+        good = signing.headers([signing.parse_secret(keys[0])], "x", int(r.clock.now()), raw)
+        long = good["webhook-signature"] + " v1,AAAA" * 1200  # 9.6 KB
+        headers = {**JSON, "Authorization": f"Bearer {CALLBACK}", **good}
+        response = await r.client.post(
+            MESSAGES_PATH, content=raw, headers={**headers, "webhook-signature": long}
+        )
+        assert response.status_code == 400, response.text
+        detail = response.json()["detail"]
+        assert response.json()["error"] == "invalid-message"
+        assert detail.startswith("webhook-signature:"), detail
+        assert "over 8190" in detail, detail
+        assert "v1," not in detail  # never the value itself
+        # Longer than masd reads a header at all: its JSON refusal still, then the close.
+        lines = [f"{k}: {v}" for k, v in headers.items()]
+        huge = f"webhook-signature: v1,{'A' * 70_000}"
+        request = "\r\n".join([f"POST {MESSAGES_PATH} HTTP/1.1", "Host: masd", *lines, huge])
+        status, doc, after = await _raw_answer(r, request.encode() + b"\r\n\r\n" + raw)
+        assert status.split()[1] == b"400", status
+        assert (doc["ok"], doc["error"]) == (False, "invalid-message"), doc
+        assert after == b""
+        # And a request line that is no HTTP at all.
+        status, doc, _ = await _raw_answer(r, b"NOT HTTP AT ALL\r\n\r\n")
+        assert status.split()[1] == b"400", status
+        assert doc["error"] == "invalid-message", doc
+        assert (await send(r, raw, keys)).json() == {"ok": True}
+
+    with caplog.at_level(logging.INFO):
+        inbound_run(tmp_path, body)
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if "not a valid HTTP" in r.getMessage() and "16380" in r.getMessage()
+    ]
+    assert "AAAA" not in line, line  # the parser's excerpt of the value is never logged

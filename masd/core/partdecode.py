@@ -4,14 +4,18 @@ Each decoder is fed the encoded body in pieces of any size (:meth:`Decoder.feed`
 answers the decoded bytes they complete; :meth:`Decoder.end` answers what is left.  The
 pieces joined are exactly what :meth:`masd.core.mime.Leaf.decoded` gives for the whole
 body: base64 as tolerantly (junk skipped, padding repaired at the end),
-quoted-printable line by line (a line is whole before it is decoded), anything else as
-is.  ``tests/test_message_bytes.py`` holds each against the whole-body decoding.
+quoted-printable line by line (a line is whole before it is decoded), uuencode line by
+line from its ``begin`` line on (:class:`masd.core.uu.UuDecoder`: the pieces start where
+:func:`masd.core.uu.data_start` says), anything else as is.
+``tests/test_message_bytes.py`` holds each against the whole-body decoding.
 """
 
 from __future__ import annotations
 
 import binascii
 from typing import Final, Protocol
+
+from masd.core.uu import UU_ENCODINGS, UuDecoder
 
 __all__ = ["Decoder", "decoder_for"]
 
@@ -83,4 +87,6 @@ def decoder_for(encoding: str) -> Decoder:
         return _Base64()
     if encoding == "quoted-printable":
         return _QuotedPrintable()
+    if encoding in UU_ENCODINGS:
+        return UuDecoder()
     return _Identity()

@@ -41,7 +41,6 @@ from masd.core.mime import (
 from masd.core.reply import reply_text
 from masd.core.reply_html import html_reply_text
 from masd.core.tnef import is_tnef, tnef_files
-from masd.core.uu import UU_ENCODINGS
 
 __all__ = ["Listed", "Parts", "Source", "attachment_sources", "read_parts", "source_bytes"]
 
@@ -70,8 +69,9 @@ class Source(NamedTuple):
     @property
     def streamable(self) -> bool:
         """Its bytes are its encoded body decoded a piece at a time (base64,
-        quoted-printable or none); else they are decoded whole."""
-        return self.inner is None and self.encoding not in UU_ENCODINGS
+        quoted-printable, uuencode or none); else (a file inside a TNEF part) they are
+        decoded whole."""
+        return self.inner is None
 
 
 class Parts(NamedTuple):

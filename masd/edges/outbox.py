@@ -21,7 +21,8 @@ taken meanwhile, so the message is not sent again (its lane slot is free
 once the answer is in: the peer is no longer busy with it).  Only a
 stop (or a crash) drops a kept outcome; the row is then still pending and
 goes out once more after the restart.  A send cut short by :meth:`Outbox.stop`
-likewise leaves its row pending.
+likewise leaves its row pending.  A send whose case is erased meanwhile is broken off
+(:meth:`Outbox.abandon`): its row is gone with the case.
 
 Several hosts on one store (PostgreSQL): a row is sent by the host that holds
 its lease (``server.claim_timeout``, :func:`masd.service.outbox_claim`), and
@@ -125,6 +126,7 @@ class Outbox:
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._in_flight: dict[str, asyncio.Task[None]] = {}  # queue -> its send
+        self._sending: dict[str, OutboxItem] = {}  # queue -> the row whose send is under way
         self._done: Batch[int] = Batch(self._write_done)  # rows sent, one job for many
         metrics.inc(WAKES_METRIC, 0.0)  # on /metrics from the start
 
@@ -140,6 +142,22 @@ class Outbox:
         self._metrics.inc(WAKES_METRIC)
         self._requeued.update(queues)
         self._wake.set()
+
+    def abandon(self, case_keys: Iterable[str]) -> None:
+        """Break off the sends under way of these cases (erased: their rows are gone), so
+        nothing but the cancel the erase queued goes out of them (docs/protocol.md §16.11)."""
+        keys = frozenset(case_keys)
+        for queue, item in list(self._sending.items()):
+            task = self._in_flight.get(queue)
+            if item.case_key in keys and task is not None:
+                log.info(
+                    "outbox send broken off outbox_id=%s case=%s kind=%s: its case was erased",
+                    item.id,
+                    shown(item.case_key),
+                    item.kind,
+                    extra={"case": item.case_key},
+                )
+                task.cancel()
 
     async def adopt(self) -> None:
         """Look again at the queues whose head another host took and no longer holds
@@ -269,7 +287,11 @@ class Outbox:
             if not await self._claimed(item):
                 return  # another host holds it; looked at again when its lease ends
             async with self._leased(item):
-                outcome = await self._send(item)
+                self._sending[item.queue] = item
+                try:
+                    outcome = await self._send(item)
+                finally:
+                    self._sending.pop(item.queue, None)
             # The peer is done with it: its lane slot is free while the queue
             # stays taken until the outcome is recorded.
             self._judge(lane, outcome, probe)

@@ -229,6 +229,11 @@ class SmtpTransport:
         except ValueError as exc:  # an address that cannot go on a command line
             refusal = SmtpResult("permanent", None, f"address not sendable: {exc}")
             return await self._reset(session, refusal)
+        except asyncio.CancelledError:
+            # Broken off (an erase, a stop): the connection goes, so a relay that does not
+            # have the end of the data yet never delivers the mail.
+            session.close()
+            raise
         session.used = time.monotonic()
         self._idle.append(session)
         return classify(reply.code, _text(reply.message))

@@ -4,9 +4,10 @@ One store job: the case's open handoff is cancelled (a ``handoff.cancel``
 with reason ``erased`` queued for its mode), then every row of the case is
 removed (:func:`masd.store.retention.erase_case`), leaving one
 ``case.erased`` entry in the feed.  The case's own outbox rows go with it,
-so the cancel, queued after them, is the one thing of the case still sent;
-the outbox sends a row whose case is gone like any other, and records its
-outcome without a thread (:func:`masd.service.outbox.outbox_failed`).
+so the cancel, queued after them, is the one thing of the case still sent:
+the job's :class:`~masd.service.Wakes` name the case, and the outbox breaks
+off a send of its that is under way once the erase has committed
+(:meth:`masd.edges.outbox.Outbox.abandon`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from masd.core.errors import MasdError
 from masd.core.wire import envelope
-from masd.service.runtime import NO_WAKES, Runtime, Wakes
+from masd.service.runtime import Runtime, Wakes
 from masd.service.state import load_case
 from masd.store import Tx, outbox, retention
 
@@ -46,7 +47,7 @@ def erase(rt: Runtime, tx: Tx, key: str, now: float) -> Erased:
     if case is None or erased is None:
         raise UnknownCase(f"key: no case {key}")
     counts, pos = erased
-    handoff, wakes = case.open_handoff, NO_WAKES
+    handoff, wakes = case.open_handoff, Wakes(erased=frozenset({case.key}))
     if handoff is not None and handoff.url is not None:
         cancel = envelope(
             "handoff.cancel",
@@ -58,5 +59,5 @@ def erase(rt: Runtime, tx: Tx, key: str, now: float) -> Erased:
         queue = f"{case.key}|{handoff.peer}"
         row = outbox.NewRow("contract", queue, handoff.peer, case.key, handoff.url, cancel)
         outbox.queue(tx, row, now, now + rt.config.server.retry_for)
-        wakes = Wakes(outbox=True)
+        wakes = Wakes(outbox=True, erased=wakes.erased)
     return Erased(counts, pos, wakes)

@@ -200,6 +200,8 @@ class Wakes:
     #: Queues whose head the job changed without queuing a row (an operator's
     #: retry or drop, :mod:`masd.service.queue_actions`): the outbox looks at them again.
     queues: frozenset[str] = frozenset()
+    #: Cases the job erased: a send of theirs still under way is broken off.
+    erased: frozenset[str] = frozenset()
 
     def __or__(self, other: Wakes) -> Wakes:
         deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
@@ -207,6 +209,7 @@ class Wakes:
             self.outbox or other.outbox,
             min(deadlines) if deadlines else None,
             self.queues | other.queues,
+            self.erased | other.erased,
         )
 
     @staticmethod

@@ -37,7 +37,14 @@ from masd.edges.http import (
     thread,
 )
 from masd.edges.http.auth import authenticate
-from masd.edges.http.shared import MAX_BODY, Handler, HttpRefusal, Route, Served
+from masd.edges.http.shared import (
+    MAX_BODY,
+    Handler,
+    HttpRefusal,
+    Route,
+    Served,
+    oversized_header,
+)
 from masd.edges.limits import Gate
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
@@ -156,6 +163,8 @@ def _refusals(
         if gate is not None:
             gate.started(transport)
         try:
+            if (oversized := oversized_header(request)) is not None:
+                raise oversized
             try:
                 response = await handler(request)
             except web.HTTPException as exc:

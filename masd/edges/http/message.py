@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from aiohttp import hdrs, web
 
+from masd.core.partspans import PartSpan
 from masd.edges.http import ranges
 from masd.edges.http.auth import may_read
 from masd.edges.http.shared import (
@@ -89,18 +90,17 @@ async def attachment(request: web.Request, edge: Served) -> web.StreamResponse:
             "unknown-message", f"n: message {ref} has {len(listed)} attachments, no {n[:20]}"
         )
     entry = listed[index]
-    key = (ref, index, doc["sha256"])
-    span = SPANS.get(key)
-    if span is None:
+
+    async def locate() -> PartSpan:
         try:
-            span = await stored(
+            return await stored(
                 edge.store.read(lambda tx: message_bytes.locate(tx, ref, index, entry))
             )
         except Mismatch as exc:
             log.error("attachment not served: %s", exc)
             raise HttpRefusal("unavailable", f"n: {exc}") from exc
-        SPANS.put(key, span)
-    located = span
+
+    located = await SPANS.find((ref, index, doc["sha256"]), locate)
 
     def pieces(first: int, last: int) -> AsyncIterator[bytes]:
         return message_bytes.decoded_pieces(edge.store, ref, located, first, last)

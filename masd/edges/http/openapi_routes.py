@@ -109,14 +109,24 @@ _INTAKE_REF: Final = path_param(
 _CONDITIONS: Final = (
     header("Range", {"type": "string"}, "One byte range, e.g. `bytes=0-1023`."),
     header("If-Range", {"type": "string"}, "The Range holds only while the ETag is this one."),
-    header("If-None-Match", {"type": "string"}, "Naming the ETag: 304, no body."),
+    header(
+        "If-None-Match",
+        {"type": "string"},
+        "`*`, or a list naming the ETag (`W/` or not, compared weakly): 304, no body.",
+    ),
 )
 _BYTES_HEADERS: Final = ("ETag", "Accept-Ranges")
 _ATTACHMENT_HEADERS: Final = (*_BYTES_HEADERS, "Content-Disposition", "X-Content-Type-Options")
 _ITEM_ID: Final = path_param(
     "id", {"type": "string", "pattern": r"^[0-9]{1,18}$"}, "The outbox item's id."
 )
-_AFTER_CURSOR: Final = "A cursor masd gave (`next` of the previous page); omitted: from the start."
+_AFTER_CURSOR: Final = (
+    "A cursor masd gave (`next` of the previous page); omitted: from the start. Empty is "
+    "refused, as any text that is not a cursor: a client whose `next` was null (the last "
+    "page) is told so rather than led back to the start."
+)
+#: A cursor: never empty (docs/protocol.md §16.4).
+_CURSOR: Final = {"type": "string", "minLength": 1}
 
 #: The contract messages masd receives (docs/protocol.md §8).
 INBOUND: Final = ("handoff.status", "case.assign", "case.policy", "mail.send", "handoff.cancel")
@@ -249,7 +259,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         (Answer(200, "A page of cases; `next` is null when none follows.", ref("CaseList")),),
         ("invalid-message",),
         (
-            query("after", {"type": "string"}, _AFTER_CURSOR),
+            query("after", _CURSOR, _AFTER_CURSOR),
             query("limit", _limit(50, 1000), "At most this many cases."),
             query("state", {"enum": ["open", "closed"]}, "With a handoff not closed, or without."),
             query(
@@ -273,7 +283,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
         (Answer(200, "A page of events; `next` is the `after` of the next page.", ref("Events")),),
         ("invalid-message", "unknown-case"),
         (
-            query("after", {"type": "string"}, _AFTER_CURSOR),
+            query("after", _CURSOR, _AFTER_CURSOR),
             query("limit", _LIMIT_1000, "At most this many events."),
             query(
                 "wait",
@@ -416,7 +426,7 @@ OPERATIONS: Final[tuple[Operation, ...]] = (
             query(
                 "state", {"enum": ["pending", "assigned"]}, "Pending or assigned; omitted: both."
             ),
-            query("after", {"type": "string"}, _AFTER_CURSOR),
+            query("after", _CURSOR, _AFTER_CURSOR),
             query("limit", _limit(100, 1000), "At most this many intakes."),
         ),
     ),

@@ -53,6 +53,8 @@ OPENAPI_PATH: Final = "/openapi.json"
 
 #: docs/protocol.md §9: "413 too-large (body over 256 KiB)".
 MAX_BODY: Final = 256 * 1024
+#: docs/protocol.md §9.6: the bytes of one request header field (name and value) at most.
+MAX_HEADER_FIELD: Final = 8190
 #: Seconds a client should wait before sending again after a 503.
 RETRY_AFTER: Final = 5
 
@@ -154,6 +156,20 @@ def bearer(request: web.Request) -> str | None:
     missing or is not that (another scheme, a secret that is not printable ASCII)."""
     match = _BEARER.fullmatch(request.headers.get(hdrs.AUTHORIZATION, "").strip())
     return match.group(1) if match else None
+
+
+def oversized_header(request: web.Request) -> HttpRefusal | None:
+    """``400 invalid-message`` naming the first header field over :data:`MAX_HEADER_FIELD`
+    (never its value); None when there is none."""
+    for name, value in request.raw_headers:
+        if len(name) + len(value) > MAX_HEADER_FIELD:
+            shown = name[:60].decode("ascii", "replace")
+            return HttpRefusal(
+                "invalid-message",
+                f"{shown}: a header field of {len(name) + len(value)} bytes, "
+                f"over {MAX_HEADER_FIELD}",
+            )
+    return None
 
 
 # ------------------------------------------------------------------ query parameters
