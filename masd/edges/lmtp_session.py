@@ -248,19 +248,18 @@ def _give_back(reader: asyncio.StreamReader, excess: bytearray) -> None:
 
 
 _SANITIZED_LOG: Final = aiosmtpd.smtp.sanitized_log
-_LEVELS: Final = {"debug": logging.DEBUG, "info": logging.INFO}
+_MAIL_LOG: Final = aiosmtpd.smtp.log
 
 
 def _sanitized_log_if_enabled(func: Any, msg: Any, *args: Any, **kwargs: Any) -> None:
-    """aiosmtpd's ``sanitized_log``, skipped when its logger would drop the line.
+    """aiosmtpd's ``sanitized_log``, skipped when its logger writes neither INFO nor DEBUG.
 
-    aiosmtpd calls it twice for every command line, and it masks AUTH data
-    and builds its arguments before the logger's level is looked at; masd
-    keeps ``mail.log`` at WARNING (:func:`masd.logs.configure_logging`).
+    aiosmtpd calls it twice for every command line, with ``mail.log``'s
+    ``debug`` or ``info``, and it masks AUTH data and builds its arguments
+    before the logger's level is looked at; masd keeps ``mail.log`` at
+    WARNING (:func:`masd.logs.configure_logging`).
     """
-    logger = getattr(func, "__self__", None)
-    level = _LEVELS.get(getattr(func, "__name__", ""))
-    if level is not None and isinstance(logger, logging.Logger) and not logger.isEnabledFor(level):
+    if getattr(func, "__self__", None) is _MAIL_LOG and not _MAIL_LOG.isEnabledFor(logging.INFO):
         return
     _SANITIZED_LOG(func, msg, *args, **kwargs)
 
