@@ -30,8 +30,8 @@ from tempfile import mkdtemp
 
 from bench import acks
 from bench import masd_setup as masd
-from bench.common import PYTHON, ROOT, Server, free_port, wait_port
-from bench.compare import PATHS, older_build
+from bench.common import PYTHON, ROOT, BenchError, Server, free_port, wait_port
+from bench.compare import PATHS, _arrived_at_least, _stored_at_least, older_build
 from bench.lmtp_load import latency_run
 
 Counts = dict[str, tuple[float, float]]  # function -> (calls, microseconds)
@@ -68,14 +68,19 @@ def profiled_run(build: masd.Build, path: str, work: Path, n: int) -> Counts:
         wait_port(setup.lmtp_port, timeout=60, proc=srv.proc)
         rcpt = f"ticket@{masd.DOMAIN}"
         auth = relay is not None
-        asyncio.run(latency_run(setup.lmtp_port, 8, n, lambda _: rcpt, tag="c", authenticated=auth))
-        while masd.counts(setup.database)["messages"] < n:
-            time.sleep(0.2)
-        while relay is not None and len(acks.arrivals(relay.arrivals)) < n:
-            time.sleep(0.2)
-        time.sleep(0.5)
-        srv.proc.send_signal(signal.SIGTERM)
-        srv.proc.wait(60)
+        try:
+            lat = asyncio.run(
+                latency_run(setup.lmtp_port, 8, n, lambda _: rcpt, tag="c", authenticated=auth)
+            )
+            if lat.accepted != lat.sent:
+                raise BenchError(f"{lat.sent - lat.accepted} of {lat.sent} not accepted")
+            _stored_at_least(setup.database, n)
+            if relay is not None:
+                _arrived_at_least(relay, n)
+            time.sleep(0.5)
+        finally:
+            srv.proc.send_signal(signal.SIGTERM)
+            srv.proc.wait(60)
     finally:
         sink.stop()
         if relay is not None:
@@ -137,26 +142,39 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--large", type=int, default=700, help="mails of the second run (700)")
     ap.add_argument("--top", type=int, default=30, help="functions listed (30)")
     ap.add_argument("--workdir", type=Path, help="default: a new directory in /var/tmp")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.paths = [p for p in args.paths.split(",") if p]
+    unknown = sorted(set(args.paths) - set(PATHS))
+    if unknown:
+        ap.error(f"--paths: {', '.join(unknown)} not one of {', '.join(PATHS)}")
+    if not 1 <= args.small < args.large:
+        ap.error(f"--small {args.small} and --large {args.large}: 1 <= small < large")
+    return args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     workdir = args.workdir or Path(mkdtemp(prefix="masd-calls-", dir="/var/tmp"))
-    builds = [masd.Build("working tree", ROOT)]
-    if args.rev:
-        builds.append(older_build(args.rev, workdir))
-    for path in args.paths.split(","):
-        counts: list[Counts] = []
-        for i, build in enumerate(builds):
-            small = profiled_run(build, path, workdir / f"{path}-{i}-small", args.small)
-            large = profiled_run(build, path, workdir / f"{path}-{i}-large", args.large)
-            counts.append(per_mail(small, large, args.large - args.small))
-            (workdir / f"{path}-{i}.json").write_text(json.dumps(counts[-1]))
-        print(f"== {path}: {builds[0].name}" + (f" against {builds[1].name}" if args.rev else ""))
-        for line in report(counts[0], counts[1] if args.rev else None, top=args.top):
-            print(line, flush=True)
+    try:
+        builds = [masd.Build("working tree", ROOT)]
+        if args.rev:
+            builds.append(older_build(args.rev, workdir))
+        for path in args.paths:
+            counts: list[Counts] = []
+            for i, build in enumerate(builds):
+                small = profiled_run(build, path, workdir / f"{path}-{i}-small", args.small)
+                large = profiled_run(build, path, workdir / f"{path}-{i}-large", args.large)
+                counts.append(per_mail(small, large, args.large - args.small))
+                (workdir / f"{path}-{i}.json").write_text(json.dumps(counts[-1]))
+            against = f" against {builds[1].name}" if args.rev else ""
+            print(f"== {path}: {builds[0].name}{against}")
+            for line in report(counts[0], counts[1] if args.rev else None, top=args.top):
+                print(line, flush=True)
+    except BenchError as exc:
+        print(f"bench.calls: {exc}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
