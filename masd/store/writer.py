@@ -293,16 +293,17 @@ class Writer:
         while start < len(batch):
             done = self._transaction(conn, db, batch, start, outcomes)
             start += done
-        # Before anyone is answered: a caller told of a fault finds the store unwritable.
+        # Before anyone is answered: a caller told of a fault finds the store
+        # unwritable, and one that reads the counters finds its job counted.
         self._health.transaction(self._batch_fault)
-        for job, out in zip(batch, outcomes, strict=True):
-            job.settle(out)
         failed = sum(out.error is not None for out in outcomes)
         with self._stats_lock:
             counts = self._counts
             counts[1] += len(batch)
             counts[2] += failed
             counts[4] = max(counts[4], len(batch))
+        for job, out in zip(batch, outcomes, strict=True):
+            job.settle(out)
 
     def _count_batch(self, *, failed: bool) -> None:
         with self._stats_lock:
