@@ -155,6 +155,8 @@ class LineFormatter(logging.Formatter):
         record.message = scrub(record.getMessage())
         record.asctime = self.formatTime(record)
         line = self.formatMessage(record)
+        if not (record.exc_info or record.exc_text or record.stack_info):
+            return line  # most lines: no traceback to look for
         trace = _trace(self, record)
         if not trace:
             return line

@@ -107,3 +107,53 @@ def _aiosmtpd_has(name: str) -> bool:
 
     source = Path(aiosmtpd.smtp.__file__).read_text()
     return hasattr(LMTP, name) or f"self.{name} =" in source or f"self.{name}:" in source
+
+
+class _Counted:
+    """An argument that counts how often a log line was made of it."""
+
+    def __init__(self) -> None:
+        self.shown = 0
+
+    def __repr__(self) -> str:
+        self.shown += 1
+        return "<counted>"
+
+
+def test_a_command_line_is_masked_and_logged_when_its_logger_is_enabled() -> None:
+    import logging
+
+    import aiosmtpd.smtp
+
+    lmtp_session.lazy_command_log()
+    logger = logging.getLogger("mail.log")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    before = logger.level
+    logger.addHandler(handler)
+    try:
+        logger.setLevel(logging.INFO)
+        aiosmtpd.smtp.sanitized_log(logger.info, "%r >> %r", "peer", b"AUTH PLAIN c2VjcmV0\r\n")
+        assert [r.getMessage() for r in records] == ["'peer' >> b'AUTH PLAIN ********\\r\\n'"]
+        # Below the logger's level nothing is masked or formatted, and nothing logged.
+        counted = _Counted()
+        aiosmtpd.smtp.sanitized_log(logger.debug, "%r", counted)
+        logger.setLevel(logging.WARNING)
+        aiosmtpd.smtp.sanitized_log(logger.info, "%r >> %r", counted, b"MAIL FROM:<a@b>")
+        assert len(records) == 1
+        assert counted.shown == 0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+
+
+def test_sessions_use_the_level_aware_command_log() -> None:
+    import aiosmtpd.smtp
+
+    loop = asyncio.new_event_loop()
+    try:
+        LmtpProtocol(object(), hostname="probe", loop=loop)
+    finally:
+        loop.close()
+    assert aiosmtpd.smtp.sanitized_log is lmtp_session._sanitized_log_if_enabled

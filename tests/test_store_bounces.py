@@ -74,6 +74,35 @@ def test_a_mail_gets_its_envelope_and_its_entry_is_found(backend: Backend) -> No
     assert _w(backend, lambda tx: append_thread(tx, KEY, "mail.bounced", {"mail_seq": 1}, at=11.0))
 
 
+def test_an_envelope_given_with_the_queued_payload_is_the_same_as_one_read_back(
+    backend: Backend,  # noqa: F811
+) -> None:
+    read_back, handed = _case_with_mail(backend), _case_with_mail_on(backend, "gs-2")
+    sender = "ticket=gs-1+bounce-1-x@help.example"
+    queued = {"mail_from": KEY, "rcpt_to": "ann@example.org", "message": "x"}
+    _w(backend, lambda tx: bounces.set_envelope(tx, read_back, sender))
+    _w(backend, lambda tx: bounces.set_envelope(tx, handed, sender, queued))
+    queues = [f"{KEY}|smtp", "ticket=gs-2@help.example|smtp"]
+    stored = _r(backend, lambda tx: outbox.heads_of_queues(tx, queues, 50.0))
+    payloads = {row.id: json.loads(row.payload) for row in stored}
+    assert payloads[read_back] == payloads[handed]
+    assert payloads[handed]["mail_from"] == sender
+    assert queued["mail_from"] == KEY  # the caller's payload is not changed
+
+
+def _case_with_mail_on(store: Backend, ticket: str) -> int:
+    key = f"ticket={ticket}@help.example"
+    view = CaseView(key, key, "help.example", "ticket", ticket, "master", "ann@example.org")
+
+    def work(tx: Tx) -> int:
+        cases.create(tx, view, 10.0)
+        payload = {"mail_from": KEY, "rcpt_to": "ann@example.org", "message": "x"}
+        row = NewRow("mail", f"{key}|smtp", "smtp", key, None, payload)
+        return outbox.queue(tx, row, 10.0, 99.0)
+
+    return int(_w(store, work))
+
+
 def test_a_permanent_bounce_marks_its_mail_and_a_delay_does_not(backend: Backend) -> None:  # noqa: F811
     oid = _case_with_mail(backend)
     _w(backend, lambda tx: bounces.record(tx, _bounce(oid, "msg-delay", "4.4.1", 11.0)))

@@ -106,7 +106,10 @@ def split_bounce(rcpt: str, delimiter: str) -> BounceRecipient | None:
     local, at, domain = text.rpartition("@")
     if not at:
         return None
-    cut = min((i for i in map(local.find, delimiter) if i >= 0), default=-1)
+    if len(delimiter) == 1:  # the usual case: one character, no scan of each
+        cut = local.find(delimiter)
+    else:
+        cut = min((i for i in map(local.find, delimiter) if i >= 0), default=-1)
     if cut <= 0:
         return None
     suffix = local[cut + 1 :]

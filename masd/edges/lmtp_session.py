@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AnyStr, Final, assert_never
 
+import aiosmtpd.smtp
 from aiosmtpd.lmtp import LMTP
 from aiosmtpd.smtp import SMTP, syntax
 
@@ -246,11 +247,34 @@ def _give_back(reader: asyncio.StreamReader, excess: bytearray) -> None:
         held[0:0] = excess
 
 
+_SANITIZED_LOG: Final = aiosmtpd.smtp.sanitized_log
+_MAIL_LOG: Final = aiosmtpd.smtp.log
+
+
+def _sanitized_log_if_enabled(func: Any, msg: Any, *args: Any, **kwargs: Any) -> None:
+    """aiosmtpd's ``sanitized_log``, skipped when its logger writes neither INFO nor DEBUG.
+
+    aiosmtpd calls it twice for every command line, with ``mail.log``'s
+    ``debug`` or ``info``, and it masks AUTH data and builds its arguments
+    before the logger's level is looked at; masd keeps ``mail.log`` at
+    WARNING (:func:`masd.logs.configure_logging`).
+    """
+    if getattr(func, "__self__", None) is _MAIL_LOG and not _MAIL_LOG.isEnabledFor(logging.INFO):
+        return
+    _SANITIZED_LOG(func, msg, *args, **kwargs)
+
+
+def lazy_command_log() -> None:
+    """Make aiosmtpd look at the logger's level before it masks a command line to log."""
+    aiosmtpd.smtp.sanitized_log = _sanitized_log_if_enabled
+
+
 class LmtpProtocol(LMTP):
     """aiosmtpd's LMTP with the fixes above; ``timeout`` is the idle timeout."""
 
     def __init__(self, handler: Handler, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
+        lazy_command_log()
         self.masd_handler = handler
         self._state = State.GREETING
         self._data_rcpts: list[str] = []  # the recipients the answer to the data is for

@@ -34,6 +34,10 @@ from typing import Final
 
 
 class State(enum.Enum):
+    # Members are singletons compared by identity: hashed as objects, not by
+    # Enum.__hash__ (a Python call per look-up in TRANSITIONS and IN_DATA).
+    __hash__ = object.__hash__
+
     GREETING = "greeting"
     COMMANDS = "commands"
     LHLO = "lhlo"
@@ -42,6 +46,8 @@ class State(enum.Enum):
 
 
 class Event(enum.Enum):
+    __hash__ = object.__hash__
+
     GREETED = "greeted"  # the greeting was written
     LHLO = "lhlo"  # an LHLO command is being answered
     LHLO_DONE = "lhlo-done"  # ... and has been

@@ -365,7 +365,7 @@ def _queue_mail(ap: _Applying, s: SendMail, original: _Original) -> None:
         "message": raw.decode("utf-8"),
     }
     outbox_id = ap.queue(outbox.NewRow("mail", f"{case.key}|smtp", "smtp", case.key, None, payload))
-    bounce_mail.give_envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now)
+    bounce_mail.give_envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now, payload)
     cases.count_send(ap.tx, case.key, to.lower(), ap.now)
     ap.thread(
         "mail.out",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -38,11 +39,19 @@ NOT_A_BOUNCE: Final = "bounce-address"
 BOUNCE: Final = "bounce"
 
 
-def give_envelope(rt: Runtime, tx: Tx, case: CaseView, outbox_id: int, now: float) -> None:
-    """Make the bounce address of mail ``outbox_id`` its envelope sender."""
+def give_envelope(
+    rt: Runtime,
+    tx: Tx,
+    case: CaseView,
+    outbox_id: int,
+    now: float,
+    queued: Mapping[str, Any] | None = None,
+) -> None:
+    """Make the bounce address of mail ``outbox_id`` its envelope sender
+    (``queued``: the payload it was just queued with, not read back)."""
     tag = make_tag(bounces.key(tx, now), case.key, outbox_id)
     sender = bounce_address(case.address, rt.config.server.recipient_delimiter, tag)
-    bounces.set_envelope(tx, outbox_id, sender)
+    bounces.set_envelope(tx, outbox_id, sender, queued)
 
 
 def suppression(tx: Tx, purpose: str, address: str, now: float) -> str | None:

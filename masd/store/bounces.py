@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,11 +59,17 @@ def key(tx: Tx, now: float) -> bytes:
     return made
 
 
-def set_envelope(tx: Tx, outbox_id: int, mail_from: str) -> None:
-    """Give the queued mail ``outbox_id`` its envelope sender (its bounce address)."""
-    payload = value(tx, "SELECT payload FROM outbox WHERE id = ?", (outbox_id,))
-    data: dict[str, Any] = json.loads(str(payload))
-    data["mail_from"] = mail_from
+def set_envelope(
+    tx: Tx, outbox_id: int, mail_from: str, queued: Mapping[str, Any] | None = None
+) -> None:
+    """Give the queued mail ``outbox_id`` its envelope sender (its bounce address).
+
+    ``queued``: the payload the row was just queued with, when the caller has
+    it (the row is then not read back)."""
+    if queued is None:
+        payload = value(tx, "SELECT payload FROM outbox WHERE id = ?", (outbox_id,))
+        queued = json.loads(str(payload))
+    data = {**queued, "mail_from": mail_from}
     run(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (dumps(data), outbox_id))
 
 

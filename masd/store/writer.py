@@ -18,7 +18,7 @@ import sqlite3
 import threading
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -151,7 +151,9 @@ class Writer:
         self._lock = threading.Lock()
         self._closed = False
         self._in_job = False
-        self._stats = StoreStats()
+        # Plain counters, written by the writer alone and read under the lock:
+        # a StoreStats is built when asked for, not for every batch.
+        self._counts = [0, 0, 0, 0, 0]  # batches, jobs, failed jobs, failed batches, largest
         self._stats_lock = threading.Lock()
         self._batch_fault: str | None = None  # the store's fault in the batch being run
         self._conn: sqlite3.Connection | None = self._prepare(conn)
@@ -162,7 +164,14 @@ class Writer:
     @property
     def stats(self) -> StoreStats:
         with self._stats_lock:
-            return self._stats
+            batches, jobs, failed_jobs, failed_batches, largest = self._counts
+        return StoreStats(
+            batches=batches,
+            jobs=jobs,
+            failed_jobs=failed_jobs,
+            failed_batches=failed_batches,
+            largest_batch=largest,
+        )
 
     def in_writer(self) -> bool:
         """Whether the calling thread is the writer's (a job calling back into the store)."""
@@ -284,26 +293,22 @@ class Writer:
         while start < len(batch):
             done = self._transaction(conn, db, batch, start, outcomes)
             start += done
-        # Before anyone is answered: a caller told of a fault finds the store unwritable.
+        # Before anyone is answered: a caller told of a fault finds the store
+        # unwritable, and one that reads the counters finds its job counted.
         self._health.transaction(self._batch_fault)
+        failed = sum(out.error is not None for out in outcomes)
+        with self._stats_lock:
+            counts = self._counts
+            counts[1] += len(batch)
+            counts[2] += failed
+            counts[4] = max(counts[4], len(batch))
         for job, out in zip(batch, outcomes, strict=True):
             job.settle(out)
-        with self._stats_lock:
-            self._stats = replace(
-                self._stats,
-                jobs=self._stats.jobs + len(batch),
-                failed_jobs=self._stats.failed_jobs
-                + sum(out.error is not None for out in outcomes),
-                largest_batch=max(self._stats.largest_batch, len(batch)),
-            )
 
     def _count_batch(self, *, failed: bool) -> None:
         with self._stats_lock:
-            self._stats = replace(
-                self._stats,
-                batches=self._stats.batches + 1,
-                failed_batches=self._stats.failed_batches + failed,
-            )
+            self._counts[0] += 1
+            self._counts[3] += failed
 
     def _transaction(
         self,
