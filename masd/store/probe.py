@@ -71,8 +71,11 @@ def open_problem(database: object) -> str | None:
             db.close()
         return None
     from masd.store.files import StoreError
-    from masd.store.pg_admin import connect
 
+    try:
+        from masd.store.pg_admin import connect
+    except ImportError as exc:  # masd installed without its extra "postgresql"
+        return f"{exc}: install masd with its extra, pip install 'masd[postgresql]'"
     try:
         with connect(str(getattr(database, "uri", database)), getattr(database, "password", None)):
             return None
