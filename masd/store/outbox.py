@@ -203,17 +203,6 @@ def done(tx: Tx, item_id: int, at: float | None = None) -> None:
     done_many(tx, (item_id,), at)
 
 
-def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
-    """Several delivered at once (``at``: when, the read side's ``done_at``)."""
-    released = dialect(tx).released()
-    many(
-        tx,
-        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "  # noqa: S608 - dialect words only
-        f"done_at = ?{released} WHERE id = ?",
-        [(at, item_id) for item_id in item_ids],
-    )
-
-
 def relayed(tx: Tx, item_id: int, at: float) -> bool:
     """The relay took the mail of row ``item_id`` (its ``250``): done at ``at``, its lease
     (where hosts share the store) given back.  One statement, which the sender runs as a
@@ -228,6 +217,17 @@ def relayed(tx: Tx, item_id: int, at: float) -> bool:
         (at, item_id),
     )
     return bool(found)
+
+
+def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
+    """Several delivered at once (``at``: when, the read side's ``done_at``)."""
+    released = dialect(tx).released()
+    many(
+        tx,
+        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "  # noqa: S608 - dialect words only
+        f"done_at = ?{released} WHERE id = ?",
+        [(at, item_id) for item_id in item_ids],
+    )
 
 
 def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:
