@@ -7,19 +7,22 @@ is worked through the front: mail to host A opens it and posts a ``handoff.reque
 ``status_url`` is the front's; the mode's statuses go to the front, and the thread is read
 through it.  The console stays signed in through the front (a browser is kept on the host
 that signed it in).  Then A is killed with ``kill -9``: the front sends every request to B,
-at once (a refused connection is tried on the other host) and the case goes on.
+at once (a refused connection is tried on the other host), the case goes on, and a follower
+of the event stream resumes through the front from the cursor it had (``Last-Event-ID``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import csv
+import json
 import re
 import secrets
 import shutil
 import socket
 import ssl
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -246,6 +249,11 @@ async def work_a_case(
         page = await http.get("/console/cases")
         assert page.status_code == 200, (page.status_code, page.headers.get("location"))
 
+    # The event feed's cursor before A goes.
+    feed = await http.get("/mas/v0.1/events", params={"limit": "1000"}, headers=admin)
+    assert feed.status_code == 200, feed.text
+    cursor = feed.json()["next"]
+
     # Host A down (kill -9): every request goes to B, the first one too.
     host_a.kill()
     for n in range(4):
@@ -257,6 +265,22 @@ async def work_a_case(
     assert thread.status_code == 200, thread.text
     states = [e["status"] for e in thread.json()["entries"] if e["kind"] == "status"]
     assert states[-2:] == ["scheduled", "running"], states
+    # A follower of the stream resumes through the front from its last cursor (on B now).
+    stream_headers = {**admin, "Accept": "text/event-stream", "Last-Event-ID": cursor}
+    async with http.stream("GET", "/mas/v0.1/events", headers=stream_headers) as stream:
+        assert stream.status_code == 200
+        event = await next_event(stream.aiter_lines())
+    assert event["entry"]["kind"] == "status", event
+    assert event["entry"]["status"] == "running", event
+
+
+async def next_event(lines: AsyncIterator[str]) -> dict[str, Any]:
+    """The data of the first event of a Server-Sent Events stream."""
+    async for line in lines:
+        if line.startswith("data:"):
+            found: dict[str, Any] = json.loads(line[5:])
+            return found
+    raise AssertionError("the stream ended before an event")
 
 
 def test_the_shipped_front_is_valid_haproxy(tmp_path: Path, haproxy: str) -> None:
