@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from support.example import EXAMPLE_STORE, STORE_WARNING, copy_example
+from support.postgres import Database, postgres_server  # noqa: F401
+from support.postgres import postgres as postgres
 
 from masd import __version__
 from masd.cli import main
@@ -257,3 +259,21 @@ def test_a_postgresql_server_that_refuses_is_a_warning_naming_where(
     assert result.stderr.startswith(warning), result.stderr
     assert "Connection refused" in result.stderr
     assert result.stdout.startswith(f"{example_copy}: OK\n")
+
+
+def test_a_postgresql_login_refused_is_a_warning(
+    example_copy: Path, tmp_path: Path, postgres: Database
+) -> None:
+    wrong = tmp_path / "db.password"
+    wrong.write_text("not-the-password\n")
+    wrong.chmod(0o600)
+    _with_database(example_copy, f'database = "{postgres.uri}"\ndatabase_password_file = "{wrong}"')
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"warning: server.database: cannot open store {postgres.uri}:")
+    assert "password authentication failed" in result.stderr, result.stderr
+    assert "not-the-password" not in result.stderr
+
+    wrong.write_text(postgres.password + "\n")
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert (result.exit_code, result.stderr) == (0, ""), result.output
