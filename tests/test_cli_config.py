@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from support.example import copy_example
+from support.example import EXAMPLE_STORE, STORE_WARNING, copy_example
+from support.postgres import Database, postgres_server  # noqa: F401
+from support.postgres import postgres as postgres
 
 from masd import __version__
 from masd.cli import main
+from masd.testing.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "packaging" / "masd.toml.example"
@@ -48,7 +51,7 @@ BROKEN_ERRORS = [
 def test_example_passes(example_copy: Path) -> None:
     result = CliRunner().invoke(main, ["check-config", str(example_copy)])
     assert result.exit_code == 0, result.output
-    assert result.stderr == ""
+    assert result.stderr == STORE_WARNING
     out = result.stdout
     assert out.startswith(f"{example_copy}: OK\n")
     for expected in [
@@ -102,7 +105,7 @@ def test_warnings_come_before_the_summary(example_copy: Path) -> None:
     assert result.exit_code == 0, result.output
     assert result.stderr == (
         f"warning: {C}.master.token_file: {token} is readable by group or others (mode 0640); "
-        "chmod 600 it\n"
+        "chmod 600 it\n" + STORE_WARNING
     )
     assert result.output.index("warning:") < result.output.index(": OK")
 
@@ -153,7 +156,7 @@ def run_module(*args: str) -> subprocess.CompletedProcess[str]:
 def test_python_dash_m_masd_passes_the_example(example_copy: Path) -> None:
     done = run_module("check-config", str(example_copy))
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
+    assert done.stderr == STORE_WARNING
     assert done.stdout.startswith(f"{example_copy}: OK\n")
 
 
@@ -199,3 +202,78 @@ def test_masd_check_config_suggests_keys_and_names_every_error(example_copy: Pat
         f'{T}.endpoints.callback.deadline: "2 hours" is not a duration (30s, 15m, 2h, 3d)',
         f"masd: 4 errors in {example_copy}",
     ]
+
+
+def _with_database(config: Path, line: str) -> None:
+    text = config.read_text()
+    old = f'database = "{EXAMPLE_STORE}"\n'
+    assert text.count(old) == 1
+    config.write_text(text.replace(old, f"{line}\n"))
+
+
+def test_a_store_in_a_missing_directory_is_a_warning_not_an_error(
+    example_copy: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "no-such-dir" / "masd.db"
+    _with_database(example_copy, f'database = "{store}"')
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"warning: server.database: {store}: its directory {store.parent} does not exist, so "
+        "masd cannot create the store there (create it, owned by the user masd runs as)\n"
+    )
+    assert result.stdout.startswith(f"{example_copy}: OK\n")
+
+
+def test_a_store_file_not_there_yet_in_its_directory_is_fine(
+    example_copy: Path, tmp_path: Path
+) -> None:
+    _with_database(example_copy, f'database = "{tmp_path / "masd.db"}"')
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert (result.exit_code, result.stderr) == (0, ""), result.output
+
+
+def test_a_store_that_is_not_an_sqlite_file_is_a_warning(
+    example_copy: Path, tmp_path: Path
+) -> None:
+    store = tmp_path / "masd.db"
+    store.write_bytes(b"not a database, " * 256)
+    _with_database(example_copy, f'database = "{store}"')
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"warning: server.database: cannot open {store}:"), (
+        result.stderr
+    )
+
+
+def test_a_postgresql_server_that_refuses_is_a_warning_naming_where(
+    example_copy: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    _with_database(example_copy, f'database = "postgresql://masd@127.0.0.1:{port}/masd"')
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 0, result.output
+    warning = (
+        f"warning: server.database: cannot open store postgresql://masd@127.0.0.1:{port}/masd:"
+    )
+    assert result.stderr.startswith(warning), result.stderr
+    assert "Connection refused" in result.stderr
+    assert result.stdout.startswith(f"{example_copy}: OK\n")
+
+
+def test_a_postgresql_login_refused_is_a_warning(
+    example_copy: Path, tmp_path: Path, postgres: Database
+) -> None:
+    wrong = tmp_path / "db.password"
+    wrong.write_text("not-the-password\n")
+    wrong.chmod(0o600)
+    _with_database(example_copy, f'database = "{postgres.uri}"\ndatabase_password_file = "{wrong}"')
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"warning: server.database: cannot open store {postgres.uri}:")
+    assert "password authentication failed" in result.stderr, result.stderr
+    assert "not-the-password" not in result.stderr
+
+    wrong.write_text(postgres.password + "\n")
+    result = CliRunner().invoke(main, ["check-config", str(example_copy)])
+    assert (result.exit_code, result.stderr) == (0, ""), result.output

@@ -460,3 +460,29 @@ def test_peer_probe_of_a_webhook_prefix() -> None:
     assert "a webhook URL is a prefix" in found.why
     assert not refused.ok
     assert "refuses masd's secret" in refused.why
+
+
+def _store_findings(setup_config: Path, database: str) -> list[str]:
+    text = setup_config.read_text()
+    assert text.count('database = "masd.db"') == 1, text
+    setup_config.write_text(text.replace('database = "masd.db"', f'database = "{database}"'))
+    return [f.line() for f in diagnose(load_config(setup_config)) if f.what == "store"]
+
+
+def test_a_store_in_a_missing_directory_fails_naming_the_directory(tmp_path: Path) -> None:
+    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=9)
+    store = tmp_path / "no-such-dir" / "masd.db"
+    assert _store_findings(setup.config, str(store)) == [
+        f"FAIL store: {store}: its directory {store.parent} does not exist, so masd cannot "
+        "create the store there (create it, owned by the user masd runs as)"
+    ]
+
+
+def test_a_postgresql_server_that_refuses_fails_naming_host_and_port(tmp_path: Path) -> None:
+    setup = write_master_config(tmp_path, endpoint_url="http://127.0.0.1:9/mas", smtp_port=9)
+    port = free_port()
+    found = _store_findings(setup.config, f"postgresql://masd@127.0.0.1:{port}/masd")
+    assert len(found) == 1, found
+    where = f"postgresql://masd@127.0.0.1:{port}/masd"
+    assert found[0].startswith(f"FAIL store: cannot write {where}"), found
+    assert "Connection refused" in found[0], found

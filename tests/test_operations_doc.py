@@ -11,6 +11,12 @@ running Postfix on the CI machine); the Postfix e2e tests run ``postqueue``.
 The tests here check the guide against the repository: the Postfix and
 verifier lines it explains are the files in packaging/postfix/ and
 packaging/dmarc/, the units it names exist, and the script covers every line.
+` ```sh db ` blocks are run on the database server of section 11: CI's is a PostgreSQL
+cluster of its own on a second loopback address, named ``db.internal``; their first lines
+set variables (``MASDHOSTS=...``), which CI sets to its own values, given as ``NAME=value``
+arguments (``python tests/test_operations_doc.py MASDHOSTS=127.0.0.1/32``).  In live blocks,
+``systemctl stop masd.service`` and ``systemctl start masd.service`` stop and start CI's
+masd (``stop_masd``, ``start_masd``).
 ` ```text ` blocks are examples, never run.  ` ```sh onehost ` blocks (the one-host test
 of the whole chain) need Postfix, OpenDKIM and OpenDMARC: tests/test_dmarc_e2e.py runs
 them, setting only their variables (:func:`onehost_script`).
@@ -25,12 +31,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "operations.md"
 #: Commands of live blocks CI cannot run (see the module docstring).
 NOT_RUN = ("systemctl ", "journalctl ", "postqueue ")
 #: Commands of live blocks CI runs against its own masd.
 RUN_LIVE = ("masd ", "runuser ", "curl ")
+#: What CI does for systemd's stopping and starting of masd (see the module docstring).
+MASD_UNIT = {
+    "systemctl stop masd.service": "stop_masd",
+    "systemctl start masd.service": "start_masd",
+}
 
 
 @dataclass(frozen=True)
@@ -65,27 +78,41 @@ def commands(block: Block) -> list[str]:
     return [line for line in block.lines if line.strip() and not line.startswith("#")]
 
 
-def script(text: str) -> str:
-    """The bash script that runs the guide; ``start_masd`` comes from the caller."""
+def script(text: str, settings: Mapping[str, str] | None = None) -> str:
+    """The bash script that runs the guide; ``start_masd`` and ``stop_masd`` come from the
+    caller, and ``settings`` give the variables of ``sh db`` blocks (every one they set)."""
     out = ["set -euo pipefail"]
     started = False
     for block in blocks(text):
         if block.info == "sh":
             out.extend(commands(block))
+        elif block.info == "sh db":
+            out.extend(_set(commands(block), settings or {}))
         elif block.info == "sh live":
             if not started:
                 out.append("start_masd")
                 started = True
             for line in commands(block):
-                if line.startswith(RUN_LIVE):
+                if line in MASD_UNIT:
+                    out.append(MASD_UNIT[line])
+                elif line.startswith(RUN_LIVE):
                     out.append(line)
                 else:
                     out.append(f": not run in CI: {line!r}")
     return "\n".join(out) + "\n"
 
 
-#: A line of a ``sh onehost`` block that sets a variable (its first lines).
+#: A line of a ``sh onehost`` or ``sh db`` block that sets a variable (its first lines).
 SETTING = re.compile(r"^([A-Z]+)=(\S+)$")
+
+
+def _set(lines: list[str], values: Mapping[str, str]) -> list[str]:
+    """``lines`` with each setting line giving ``values``' value (KeyError: not given)."""
+    out = []
+    for line in lines:
+        m = SETTING.match(line)
+        out.append(f"{m.group(1)}={shlex.quote(values[m.group(1)])}" if m else line)
+    return out
 
 
 def onehost_blocks(text: str) -> list[Block]:
@@ -120,7 +147,7 @@ def onehost_script(block: Block, values: Mapping[str, str]) -> str:
 def test_every_block_is_a_command_block_or_a_quoted_file() -> None:
     for block in blocks(GUIDE.read_text()):
         # text: an example, not run; sh onehost: run by tests/test_dmarc_e2e.py (section 14)
-        assert block.info in ("sh", "sh live", "sh onehost", "", "text"), block
+        assert block.info in ("sh", "sh live", "sh db", "sh onehost", "", "text"), block
         if block.info == "":
             assert block.marker.startswith(("postfix:", "dmarc:")), block
 
@@ -135,7 +162,7 @@ def test_every_live_command_is_run_or_named_as_not_run() -> None:
 def test_the_script_runs_every_plain_command_in_order() -> None:
     text = GUIDE.read_text()
     plain = [c for b in blocks(text) if b.info == "sh" for c in commands(b)]
-    rest = iter(script(text).splitlines())
+    rest = iter(script(text, {"MASDHOSTS": "127.0.0.1/32"}).splitlines())
     assert all(command in rest for command in plain), "the script runs them in order"
     assert "make package" in plain
     assert "masd check-config /etc/masd/masd.toml" in plain
@@ -210,5 +237,38 @@ def test_units_and_policy_address_agree_with_the_guide() -> None:
     assert f'policy = "{policy.group(1)}"' in text
 
 
+def test_section_11_moves_the_store_to_postgresql_as_pasted() -> None:
+    """Section 11's commands: the password file the example configuration names, the role
+    with that password and a pg_hba.conf line for the masd hosts, masd stopped for the copy
+    and started on the database; CI runs them (.ci/checks.d/operations.sh)."""
+    text = GUIDE.read_text()
+    example = (ROOT / "packaging" / "masd.toml.example").read_text()
+    password_file = re.search(r'^# database_password_file = "([^"]+)"', example, re.M)
+    found = re.search(r'^#\s+database = "(postgresql://[^"?]+)', example, re.M)
+    assert password_file
+    assert found
+    database = found.group(1)  # CI's server has no certificate: no sslmode=verify-full
+    db_blocks = [b for b in blocks(text) if b.info == "sh db"]
+    assert len(db_blocks) == 1
+    db = "\n".join(commands(db_blocks[0]))
+    assert "CREATE ROLE masd LOGIN PASSWORD :'password';" in db
+    assert f'password="$(cat {password_file.group(1)})"' in db
+    assert "scram-sha-256" in db
+    assert '"$MASDHOSTS"' in db
+    ran = script(text, {"MASDHOSTS": "127.0.0.1/32"}).splitlines()
+    assert "MASDHOSTS=127.0.0.1/32" in ran
+    copy = next(i for i, line in enumerate(ran) if " db copy " in line)
+    assert ran[copy - 1] == "stop_masd"
+    assert ran[copy + 1] == "start_masd"
+    assert f" {database} " in ran[copy]
+    assert f"--password-file {password_file.group(1)}" in ran[copy]
+    configured = next(line for line in ran if line.startswith("sed -i 's|^database = "))
+    assert f'database = "{database}"' in configured
+    assert f'database_password_file = "{password_file.group(1)}"' in configured
+    with pytest.raises(KeyError):
+        script(text)  # a variable of the database server's block left unset
+
+
 if __name__ == "__main__":
-    sys.stdout.write(script(GUIDE.read_text()))
+    given = dict(arg.split("=", 1) for arg in sys.argv[1:])
+    sys.stdout.write(script(GUIDE.read_text(), given))

@@ -92,9 +92,9 @@ def test_masd_command_and_example_config(tree: Path) -> None:
 
 
 def test_the_mta_files_the_guide_installs_are_shipped(tree: Path) -> None:
-    """docs/operations.md §4 and §5 install these from /usr/share/doc/masd/."""
+    """docs/operations.md §4, §5 and §11 install these from /usr/share/doc/masd/."""
     guide = (ROOT / "docs" / "operations.md").read_text()
-    for folder in ("postfix", "dmarc"):
+    for folder in ("postfix", "dmarc", "haproxy"):
         for path in (ROOT / "packaging" / folder).iterdir():
             shipped = tree / "usr" / "share" / "doc" / "masd" / folder / path.name
             assert shipped.read_bytes() == path.read_bytes(), shipped

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.example import copy_example
+from support.example import STORE_WARNING, copy_example
 from support.system import require_program
 
 from masd._resources import conformance_file
@@ -127,7 +127,7 @@ def test_the_first_command_of_using_masd_names_the_placeholder_secrets(tmp_path:
     assert done.returncode == 0, done.stderr
     assert done.stderr == (
         f"warning: server.admin_token_file: {token} is readable by group or others "
-        "(mode 0644); chmod 600 it\n"
+        "(mode 0644); chmod 600 it\n" + STORE_WARNING
     )
     assert done.stdout.startswith("packaging/masd.toml.example: OK\n")
 

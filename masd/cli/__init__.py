@@ -44,12 +44,19 @@ def check_config(config_file: Path | None, file: Path | None) -> None:
     The file is given with --config, as to every other command; a FILE given
     alone is the same (the older form). Each error names its key path and the
     value refused; a misspelt key gets the nearest known key suggested.
-    Warnings (a secret others can read, a mode without endpoint) go to
-    stderr. Exit status 1 on any error.
+    Warnings (a secret others can read, a mode without endpoint, a store
+    masd could not open now: an SQLite file's directory missing, a
+    PostgreSQL server refusing the connection or the login) go to stderr.
+    Exit status 1 on any error; masd doctor fails on what is a warning here.
     """
+    from masd.store.probe import open_problem
+
     if config_file is not None and file is not None and config_file != file:
         raise click.UsageError(f"two files given: --config {config_file} and {file}; give one")
     config = _load(config_file or file or DEFAULT_CONFIG)
+    problem = open_problem(config.server.database)
+    if problem is not None:
+        click.echo(f"warning: server.database: {problem}", err=True)
     click.echo(format_summary(config))
 
 

@@ -10,8 +10,10 @@ holds up another peer's messages or the mail.
 
 Contract messages go through :class:`~masd.edges.contract_client.ContractClient`
 (httpx), mail through a :class:`~masd.edges.mailer.MailTransport`.  Every
-outcome is written back before its queue moves on: done (the rows sent while
-one such job ran are marked in the next, :class:`~masd.edges.batch.Batch`);
+outcome is written back before its queue moves on: done (a mail the moment
+the relay's ``250`` is in, in a transaction of its own while the lease is
+held; the contract messages sent while one such job ran are marked in the
+next, :class:`~masd.edges.batch.Batch`);
 failed for good (the thread says why); or retried by
 :func:`masd.service.outbox_retry` with the same ``id`` until ``server.retry_for``.
 
@@ -292,13 +294,14 @@ class Outbox:
                     outcome = await self._send(item)
                 finally:
                     self._sending.pop(item.queue, None)
+                relayed = await self._relayed(item, outcome)
             # The peer is done with it: its lane slot is free while the queue
             # stays taken until the outcome is recorded.
             self._judge(lane, outcome, probe)
             judged = True
             self._lanes.release(lane)
             self._wake.set()
-            await self._keep(item, outcome)
+            await self._keep(item, outcome, relayed=relayed)
         finally:
             if not judged:  # cancelled at stop: no verdict on the peer
                 self._lanes.judge(lane, None, self._clock.now(), probe=probe)
@@ -369,12 +372,36 @@ class Outbox:
             return Attempt("failed", result.describe())
         return Attempt("retry", result.describe(), healthy=False)
 
-    async def _keep(self, item: OutboxItem, outcome: Attempt) -> None:
-        """Record ``outcome``; while the store refuses, keep it and try again after a backoff."""
+    async def _relayed(self, item: OutboxItem, outcome: Attempt) -> bool | None:
+        """A mail the relay took (its ``250``): recorded at once, in a transaction of its own
+        and while the lease is held, so a host killed from now on does not leave it to be
+        sent again (docs/operations.md §11).  True once recorded; False when the store
+        refused (:meth:`_keep` records it after a backoff); None for any other outcome."""
+        if item.kind != "mail" or outcome.result != "done":
+            return None
+        now = self._clock.now()
+        try:
+            await self._store.write(lambda db: service.outbox_relayed(db, item.id, now))
+        except Exception as exc:  # noqa: BLE001 - recorded by _keep after a backoff
+            self._metrics.inc("masd_outbox_record_failures_total", kind=item.kind)
+            log.warning(
+                "outbox done not recorded outbox_id=%s try=1 error=%s",
+                item.id,
+                json.dumps(str(exc)),
+            )
+            return False
+        return True
+
+    async def _keep(self, item: OutboxItem, outcome: Attempt, *, relayed: bool | None) -> None:
+        """Record ``outcome`` (``relayed``: what :meth:`_relayed` did); while the store
+        refuses, keep it and try again after a backoff."""
         failures = 0
+        if relayed is False:
+            failures = 1
+            await _pause(self._halt, service.backoff(failures))
         while True:
             try:
-                await self._record(item, outcome)
+                await self._record(item, outcome, recorded=relayed is True)
                 return
             except Exception as exc:  # noqa: BLE001 - retried below; the send is not repeated
                 failures += 1
@@ -402,12 +429,13 @@ class Outbox:
                 )
                 await _pause(self._halt, delay)
 
-    async def _record(self, item: OutboxItem, outcome: Attempt) -> None:
+    async def _record(self, item: OutboxItem, outcome: Attempt, *, recorded: bool) -> None:
         rt, now = self._rt, self._clock.now()
         result: str = outcome.result
         wakes = service.NO_WAKES
         if result == "done":
-            await self._done.add(item.id)
+            if not recorded:
+                await self._done.add(item.id)
         elif result == "failed":
             wakes = await self._store.write(
                 lambda db: service.outbox_failed(rt, db, item, outcome.detail, now)

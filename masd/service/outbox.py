@@ -39,6 +39,10 @@ def outbox_done(tx: Tx, item_id: int, now: float) -> None:
     rows.done(tx, item_id, at=now)
 
 
+#: The relay's ``250`` for a mail, recorded at once in a transaction of its own.
+outbox_relayed = rows.relayed
+
+
 def outbox_done_many(tx: Tx, item_ids: Sequence[int], now: float) -> None:
     """Several rows delivered: one job for the sends that ended together."""
     rows.done_many(tx, item_ids, at=now)

@@ -203,6 +203,22 @@ def done(tx: Tx, item_id: int, at: float | None = None) -> None:
     done_many(tx, (item_id,), at)
 
 
+def relayed(tx: Tx, item_id: int, at: float) -> bool:
+    """The relay took the mail of row ``item_id`` (its ``250``): done at ``at``, its lease
+    (where hosts share the store) given back.  One statement, which the sender runs as a
+    transaction of its own the moment the reply is in, batched with nothing: a host killed
+    after the ``250`` leaves the row pending (sent again by another host once its lease
+    lapses, or after a restart) only if it died before this commit.  False when the row was
+    no longer pending (an operator dropped it meanwhile)."""
+    found = tuples(
+        tx,
+        "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "  # noqa: S608 - dialect words only
+        f"done_at = ?{dialect(tx).released()} WHERE id = ? AND state = 'pending' RETURNING id",
+        (at, item_id),
+    )
+    return bool(found)
+
+
 def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
     """Several delivered at once (``at``: when, the read side's ``done_at``)."""
     released = dialect(tx).released()

@@ -18,6 +18,7 @@ from psycopg import sql
 from masd.store.files import StoreError
 from masd.store.pg_schema import MIGRATIONS
 from masd.store.schema import Migration
+from masd.store.uri import shown_uri
 
 __all__ = ["connect", "create_database", "drop_database", "migrate", "recorded", "version"]
 
@@ -37,7 +38,7 @@ def connect(
             uri, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_SECONDS, **extra
         )
     except psycopg.Error as exc:
-        raise StoreError(f"cannot open store {uri}: {_reason(exc)}") from exc
+        raise StoreError(f"cannot open store {shown_uri(uri)}: {_reason(exc)}") from exc
 
 
 def create_database(uri: str, name: str, password: str | None = None) -> None:
@@ -55,7 +56,7 @@ def _admin(uri: str, password: str | None, statement: sql.SQL, name: str) -> Non
         try:
             conn.execute(statement.format(sql.Identifier(name)))
         except psycopg.Error as exc:
-            raise StoreError(f"{uri}: database {name!r}: {_reason(exc)}") from exc
+            raise StoreError(f"{shown_uri(uri)}: database {name!r}: {_reason(exc)}") from exc
 
 
 def _reason(exc: psycopg.Error) -> str:

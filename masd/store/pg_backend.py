@@ -96,6 +96,7 @@ from masd.store.files import StoreError
 from masd.store.health import HEALTH_SECONDS, PROBE_SECONDS, HealthWatch, StoreHealth
 from masd.store.readers import in_event_loop
 from masd.store.sql import Tx
+from masd.store.uri import shown_uri
 from masd.store.writer import StoreStats
 
 T = TypeVar("T")
@@ -378,11 +379,4 @@ def _probe(tx: Tx) -> None:
     tx.execute(_PROBE)  # type: ignore[attr-defined]
 
 
-def _redact(uri: str) -> str:
-    """``uri`` without a password, for errors and the log."""
-    try:
-        info = psycopg.conninfo.conninfo_to_dict(uri)
-    except psycopg.ProgrammingError:
-        return "postgresql database"
-    info.pop("password", None)
-    return f"postgresql://{info.get('user', '')}@{info.get('host', '')}/{info.get('dbname', '')}"
+_redact = shown_uri  # ``uri`` without a password, with its ports, for errors and the log

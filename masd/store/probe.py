@@ -49,7 +49,50 @@ class RecentMessage:
     head: bytes  # the first HEADER_OCTETS of the raw message
 
 
+def open_problem(database: object) -> str | None:
+    """Why masd could not open ``database`` now, or None: an SQLite file in a directory that
+    does not exist (masd creates the file, not its directory) or that cannot be opened; a
+    PostgreSQL server that refuses the connection or the login.  Nothing is created or
+    changed; an SQLite file not there yet in a directory that is, is fine."""
+    if isinstance(database, Path):
+        if not database.exists() and not database.parent.is_dir():
+            return _no_directory(database)
+        if not database.exists():
+            return None
+        try:
+            db = _connect(database)
+        except DoctorStoreError as exc:
+            return exc.detail
+        try:
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error as exc:
+            return f"cannot open {database}: {exc}"
+        finally:
+            db.close()
+        return None
+    from masd.store.files import StoreError
+
+    try:
+        from masd.store.pg_admin import connect
+    except ImportError as exc:  # masd installed without its extra "postgresql"
+        return f"{exc}: install masd with its extra, pip install 'masd[postgresql]'"
+    try:
+        with connect(str(getattr(database, "uri", database)), getattr(database, "password", None)):
+            return None
+    except StoreError as exc:
+        return exc.detail
+
+
+def _no_directory(database: Path) -> str:
+    return (
+        f"{database}: its directory {database.parent} does not exist, so masd cannot create "
+        "the store there (create it, owned by the user masd runs as)"
+    )
+
+
 def _connect(database: Path) -> sqlite3.Connection:
+    if not database.exists() and not database.parent.is_dir():
+        raise DoctorStoreError(_no_directory(database))
     if not database.exists():
         raise DoctorStoreError(f"{database} does not exist (masd creates it when it starts)")
     try:

@@ -14,6 +14,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "packaging" / "masd.toml.example"
 SHIPPED_SECRETS = ROOT / "packaging" / "secrets-example"
+#: What check-config warns of the example's store, /var/lib/masd/masd.db, where the package
+#: that creates /var/lib/masd is not installed (as on a build machine).
+EXAMPLE_STORE = Path("/var/lib/masd/masd.db")
+STORE_WARNING = (
+    ""
+    if EXAMPLE_STORE.parent.is_dir()
+    else f"warning: server.database: {EXAMPLE_STORE}: its directory {EXAMPLE_STORE.parent} "
+    "does not exist, so masd cannot create the store there (create it, owned by the user masd "
+    "runs as)\n"
+)
 
 
 def copy_example(directory: Path, name: str = "masd.toml") -> Path:

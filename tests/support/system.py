@@ -43,6 +43,7 @@ DEBIAN_PACKAGES = {
     "openssl": "openssl",
     "unshare": "util-linux",
     "promtool": "prometheus",
+    "haproxy": "haproxy",
     # Not on PATH: support/postgres.py finds them under /usr/lib/postgresql/<major>/bin.
     "initdb": "postgresql",
     "pg_ctl": "postgresql",
