@@ -171,7 +171,10 @@ def test_a_deadline_fires_once_whichever_host_fires_it(backend: Backend) -> None
         found = handoffs.load(tx, "h1")
         if found is None or found.status == "expired":
             return False
-        cases.load(tx, found.case_key)
+        cases.load(tx, found.case_key)  # locks the case's row where several hosts write
+        found = handoffs.load(tx, "h1")  # as the job it waited for left it
+        if found is None or found.status == "expired":
+            return False
         handoffs.record_status(tx, expired, 60.0)
         return True
 

@@ -11,7 +11,7 @@ from typing import Any, Final, cast
 from masd.core.event import GatewayEvent
 from masd.core.slave import IntakeView
 from masd.store.backend import SQLITE, Dialect, Raced
-from masd.store.sql import Tx, dialect, dumps, one, run, tuples, value
+from masd.store.sql import Tx, dialect, dumps, one, send, tuples, value
 
 #: A mail at least this large is written with SQLite's blob I/O (:func:`_insert_sqlite`).
 BLOB_IO_BYTES: Final = 1 << 20
@@ -60,7 +60,7 @@ def record(
     if dialect(tx) is SQLITE and len(raw) >= BLOB_IO_BYTES:
         _insert_sqlite(tx, columns, raw)
     else:
-        run(tx, _INSERT_BOUND, columns)
+        send(tx, _INSERT_BOUND, columns)
     taken = tuples(
         tx,
         "INSERT INTO deliveries (dedupe, message_ref, at) VALUES (?, ?, ?) "
@@ -163,7 +163,7 @@ def _recorded_order(d: Dialect) -> str:
 
 
 def move_to_case(tx: Tx, message_ref: str, case_key: str) -> None:
-    run(tx, "UPDATE messages SET case_key = ? WHERE message_ref = ?", (case_key, message_ref))
+    send(tx, "UPDATE messages SET case_key = ? WHERE message_ref = ?", (case_key, message_ref))
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ class Intake:
 def open_intake(
     tx: Tx, intake_ref: str, domain: str, type_: str, message_ref: str, mode: str | None, now: float
 ) -> None:
-    run(
+    send(
         tx,
         "INSERT INTO intakes (intake_ref, domain, type, message_ref, requested_mode, "
         "created_at) VALUES (?,?,?,?,?,?)",
@@ -216,7 +216,7 @@ def raw(tx: Tx, message_ref: str) -> bytes:
 
 
 def assign_intake(tx: Tx, intake_ref: str, case_key: str, now: float) -> None:
-    run(
+    send(
         tx,
         "UPDATE intakes SET case_key = ?, assigned_at = ? WHERE intake_ref = ?",
         (case_key, now, intake_ref),

@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from masd.store.backend import Dialect
-from masd.store.sql import Tx, dialect, dumps, many, run, tuples, value
+from masd.store.sql import Tx, dialect, dumps, many, send, tuples, value
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
 
 
 def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:
-    run(
+    send(
         tx,
         "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "  # noqa: S608 - dialect words only
         f"{dialect(tx).released()} WHERE id = ?",
@@ -225,7 +225,7 @@ def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:
 
 def failed(tx: Tx, item_id: int, detail: str, at: float | None = None) -> None:
     """Given up (``at``: when, the read side's ``done_at``)."""
-    run(
+    send(
         tx,
         "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ?, "  # noqa: S608 - dialect words only
         f"done_at = ?{dialect(tx).released()} WHERE id = ?",

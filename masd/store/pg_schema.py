@@ -47,9 +47,9 @@ they build (``tests/expected_schema_pg.sql``).
 
 from __future__ import annotations
 
-from masd.store.schema import ERASABLE_VERSION, Migration
+from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, Migration
 
-__all__ = ["BOUNCES", "ERASABLE", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
+__all__ = ["BOUNCES", "ERASABLE", "HOSTS_ADD_UP", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
 
 #: Migration 1, as released.
 INITIAL = """
@@ -277,10 +277,58 @@ ALTER TABLE thread DROP CONSTRAINT thread_kind_check;
 ALTER TABLE thread ADD CONSTRAINT thread_kind_check CHECK (kind IN ('case.erased', 'contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status'));
 """  # noqa: E501
 
+#: Migration 6, as released: what several hosts need to write at once (SQLite's migration 6
+#: records its version only).  Case numbers come from one sequence per (domain, type),
+#: made by ``masd_case_number`` when a type first opens a case (starting where
+#: ``id_counters`` stood), so that jobs opening cases of one type never wait on each other's
+#: commits; ``case_counters`` is ``id_counters`` as the sequences have moved it (what a copy
+#: reads).  A thread entry carries its writer's transaction id (``thread.xid``) and a
+#: position made from it (``masd_thread_pos``: the id times 2^20, plus the entry's place in
+#: its transaction), so that positions follow transaction ids; ``cases.thread_xid`` is the
+#: writer of a case's latest entry.
+HOSTS_ADD_UP = """
+CREATE FUNCTION masd_case_number(d TEXT, t TEXT) RETURNS BIGINT LANGUAGE plpgsql AS $$
+DECLARE
+    name TEXT := 'case_number_' || md5(d || chr(31) || t);
+BEGIN
+    IF to_regclass(name) IS NULL THEN
+        INSERT INTO id_counters (domain, type, next_n) VALUES (d, t, 1)
+            ON CONFLICT (domain, type) DO NOTHING;
+        EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I START WITH %s', name,
+            (SELECT next_n FROM id_counters WHERE domain = d AND type = t));
+    END IF;
+    RETURN nextval(name);
+END
+$$;
+
+CREATE VIEW case_counters AS
+    SELECT c.domain, c.type, GREATEST(c.next_n, COALESCE(pg_sequence_last_value(
+        to_regclass('case_number_' || md5(c.domain || chr(31) || c.type))) + 1, 1)) AS next_n
+    FROM id_counters c;
+
+CREATE FUNCTION masd_thread_pos() RETURNS BIGINT LANGUAGE plpgsql AS $$
+DECLARE
+    n BIGINT := COALESCE(NULLIF(current_setting('masd.thread_n', true), ''), '0')::bigint;
+BEGIN
+    IF n >= 1048576 THEN
+        RAISE EXCEPTION 'more than 1048576 thread entries in one transaction';
+    END IF;
+    PERFORM set_config('masd.thread_n', (n + 1)::text, true);
+    RETURN pg_current_xact_id()::text::bigint * 1048576 + n;
+END
+$$;
+
+ALTER TABLE thread ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();
+ALTER TABLE thread ALTER COLUMN pos DROP IDENTITY;
+ALTER TABLE thread ALTER COLUMN pos SET DEFAULT masd_thread_pos();
+ALTER TABLE cases ADD COLUMN thread_xid xid8;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
     Migration(3, "raw-last", RAW_LAST),
     Migration(4, "bounces", BOUNCES),
     Migration(ERASABLE_VERSION, "erasable", ERASABLE),
+    Migration(HOSTS_ADD_UP_VERSION, "hosts-add-up", HOSTS_ADD_UP),
 )

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from masd.core.errors import MasdError
 from masd.core.kinds import THREAD_KINDS
-from masd.store.backend import FEED_LOCK
-from masd.store.sql import Tx, dialect, dumps, run, tuples
+from masd.store.backend import Raced
+from masd.store.sql import Tx, dialect, dumps, send, tuples
 
 
 def append_thread(
@@ -22,20 +22,13 @@ def append_thread(
         raise MasdError(
             f"thread kind {kind!r} is not one of {sorted(THREAD_KINDS)}", code="bad-thread-kind"
         )
-    bumped = tuples(
-        tx,
-        "UPDATE cases SET thread_seq = thread_seq + 1 WHERE key = ? RETURNING thread_seq",
-        (case_key,),
-    )
+    bumped = tuples(tx, _BUMP[dialect(tx).lock_rows], (case_key,))
     if not bumped:
         raise MasdError(f"no case {case_key!r} to append a {kind} entry to", code="unknown-case")
     seq = int(bumped[0][0])
-    if dialect(tx).lock_rows:
-        # ``pos`` numbers entries in commit order: SQLite's one writer gives the
-        # rowid so; where several write, the next one waits for this one's commit
-        # before it takes a number (masd/store/pg_backend.py).
-        tuples(tx, _FEED_LOCK)
-    run(
+    if not bumped[0][1]:
+        raise Raced(f"case {case_key}: an entry of a later transaction came first")
+    send(
         tx,
         "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)",
         (case_key, seq, kind, float(at), dumps(dict(data))),
@@ -43,7 +36,18 @@ def append_thread(
     return seq
 
 
-_FEED_LOCK = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
+#: The case's next ``seq``, and whether this entry may follow its latest one.  Where
+#: several hosts write, a position is made from its writer's transaction id
+#: (masd/store/pg_backend.py): a job given its id before it waited for the case's row
+#: must not put an entry behind one of a later id, so it is run again (a new id).
+_BUMP = {
+    False: "UPDATE cases SET thread_seq = thread_seq + 1 WHERE key = ? RETURNING thread_seq, 1",
+    True: (
+        "UPDATE cases SET thread_seq = thread_seq + 1, "
+        "thread_xid = GREATEST(thread_xid, pg_current_xact_id()) WHERE key = ? "
+        "RETURNING thread_seq, thread_xid = pg_current_xact_id()"
+    ),
+}
 
 
 def reported_request(tx: Tx, case_key: str, handoff_id: str) -> bool:
