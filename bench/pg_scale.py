@@ -33,13 +33,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.common import cpu_seconds
 from bench.stores import check, configs, deliver_all
 from masd.testing import FakePeer, SmtpSink
 from masd.testing.config import MasterSetup
 from masd.testing.postgres import PostgresServer, find_bindir
-from masd.testing.process import MasdProcess
+from masd.testing.process import MasdProcess, MasdStartError
 from masd.testing.tcp_proxy import TcpProxy
 
 #: (hosts, sessions per host, through the proxy) of each PostgreSQL row.
@@ -59,7 +60,19 @@ class Row:
     round_trips: float | None  # per mail, counted by the proxy
 
 
-async def one_row(
+async def one_row(*args: Any) -> Row:
+    """:func:`_row`, once more on fresh ports if a masd could not start (a port picked
+    free was taken meanwhile by other work on the machine)."""
+    try:
+        return await _row(*args)
+    except MasdStartError as exc:
+        print(f"bench: a masd did not start, once more: {str(exc).splitlines()[-1]}")
+        workdir = args[0]
+        shutil.rmtree(workdir, ignore_errors=True)
+        return await _row(*args)
+
+
+async def _row(
     workdir: Path,
     store: str,
     uri: str | None,

@@ -58,7 +58,17 @@ transaction on the server (of any database of its cluster: the oldest running
 id is the server's).  One case's entries must also follow its order: an entry
 written by a job whose id is older than that of the case's latest entry (it
 took its id before it waited for the case's row) makes the job run again,
-with a newer id (:func:`masd.store.thread.append_thread`).
+with a newer id (:func:`masd.store.thread.append_thread`).  Outbox ids are
+identity values too: a sender that follows new rows by id may pass one whose
+transaction committed late, so each host looks every second at due queue
+heads no host took (:func:`masd.store.outbox.orphaned_queues`).
+
+Round trips.  A write job runs in psycopg's pipeline mode: a statement whose
+result the job does not read (:func:`masd.store.sql.send`) goes out with the
+next one it reads, ``BEGIN`` with the first and ``COMMIT`` with the last;
+statements are not prepared on the server (a round trip of their own), and a
+pooled connection is pinged only after :data:`CHECK_IDLE_SECONDS` idle (one
+found lost before its ``COMMIT`` was sent runs the job again on another).
 
 Reads run ``READ ONLY`` at ``REPEATABLE READ``: one snapshot per call, never
 waiting for the writers.

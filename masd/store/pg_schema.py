@@ -20,12 +20,12 @@ written for PostgreSQL 13 or later, so that one store's rows mean the same on ei
 
 What several hosts sharing one database need, and where it is:
 
-- **Case ids**: ``id_counters``, one row per (domain, type).  The store's upsert (``INSERT
-  ... ON CONFLICT DO UPDATE ... RETURNING``) takes the row's lock until its transaction ends,
-  so two hosts creating cases of one type get different numbers, and a rolled-back case
-  gives its number back, as on SQLite (numbers 1, 2, ... without gaps).  A PostgreSQL
-  sequence would not block, but would need a sequence per type, created when the type first
-  appears, and would lose the numbers of rolled-back cases.
+- **Case ids**: a sequence per (domain, type), made by ``masd_case_number`` (migration 6) when
+  the type opens its first case, starting where ``id_counters`` stood.  Taking a number waits
+  for no other transaction's commit, so hosts opening cases of one type at once do not take
+  turns; a job that rolls back leaves its number unused (a gap, never a number given twice).
+  ``id_counters`` keeps the numbers of migrations 1-5 and each type's row; ``case_counters``
+  shows it as the sequences have moved it, which is what ``masd db copy`` reads.
 - **Outbox leases**: ``outbox.claimed_by`` (the host sending the row) and
   ``outbox.claimed_until`` (epoch seconds; after it another host may take the row over:
   ``server.claim_timeout``), set and cleared together; ``outbox_claims`` finds expired leases.
@@ -34,9 +34,16 @@ What several hosts sharing one database need, and where it is:
   ``(peer, id)`` (``idempotency``), a thread entry's ``(case_key, seq)`` and a status's
   ``(handoff_id, n)`` are primary or unique keys, so a second host's insert conflicts
   (``ON CONFLICT``) instead of adding a second row.
-- **The event feed** reads ``thread.pos`` in order.  An identity value is taken at insert,
-  not at commit, so concurrent writers must serialize their thread inserts (a lock held to
-  commit) for positions to follow commit order; that is the backend's, not the schema's.
+- **The event feed** reads ``thread.pos`` in order, below a high-water mark.  An identity
+  value is taken at insert, not at commit, so positions from one could commit out of order;
+  since migration 6 each entry carries its writer's transaction id (``thread.xid``) and its
+  position is made from that id (``masd_thread_pos``: the id times 2^20, plus the entry's
+  place in its transaction), so that a reader that reads only entries whose writer's id is
+  below the oldest running transaction's (``pg_snapshot_xmin(pg_current_snapshot())``) sees
+  a position only once no transaction that could write an earlier one is open.
+  ``cases.thread_xid`` is the writer of a case's latest entry, so that the store keeps one
+  case's entries in its own order (masd/store/pg_backend.py).  Entries copied in by ``masd
+  db copy`` keep their positions, all below the new ones.
 
 Applied migrations are recorded in ``masd_migrations`` as on SQLite (:mod:`masd.store.pg_admin`
 applies them, one transaction each, under an advisory lock so that two hosts starting at once

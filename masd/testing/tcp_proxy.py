@@ -124,11 +124,12 @@ class TcpProxy:
         with self._lock:
             self._connections += 1
         talk = _Conversation()
-        await asyncio.gather(
-            self._pipe(reader, up_writer, talk.client),
-            self._pipe(up_reader, writer, talk.server),
-            return_exceptions=True,
-        )
+        with contextlib.suppress(asyncio.CancelledError):  # the proxy stopping
+            await asyncio.gather(
+                self._pipe(reader, up_writer, talk.client),
+                self._pipe(up_reader, writer, talk.server),
+                return_exceptions=True,
+            )
 
     async def _pipe(
         self,
