@@ -220,6 +220,15 @@ BEGIN
 END
 $function$
 
+masd_raced | CREATE OR REPLACE FUNCTION public.masd_raced(what text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'serialization_failure', MESSAGE = what;
+END
+$function$
+
 masd_thread_pos | CREATE OR REPLACE FUNCTION public.masd_thread_pos()
  RETURNS bigint
  LANGUAGE plpgsql

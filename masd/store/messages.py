@@ -61,15 +61,26 @@ def record(
         _insert_sqlite(tx, columns, raw)
     else:
         send(tx, _INSERT_BOUND, columns)
-    taken = tuples(
-        tx,
-        "INSERT INTO deliveries (dedupe, message_ref, at) VALUES (?, ?, ?) "
-        "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at "
-        "WHERE deliveries.at <= ? RETURNING dedupe",
-        (dedupe, ev.message_ref, now, now if seen_before is None else seen_before),
-    )
+    params = (dedupe, ev.message_ref, now, now if seen_before is None else seen_before)
+    if dialect(tx).lock_rows:  # one statement whose result is not read (pipeline mode)
+        send(tx, _TAKE_OR_RACE, params)
+        return
+    taken = tuples(tx, _TAKE, params)
     if not taken:
         raise Raced(f"the mail {ev.message_ref} was recorded by another writer first")
+
+
+_TAKE = (
+    "INSERT INTO deliveries (dedupe, message_ref, at) VALUES (?, ?, ?) "
+    "ON CONFLICT (dedupe) DO UPDATE SET message_ref = excluded.message_ref, at = excluded.at "
+    "WHERE deliveries.at <= ? RETURNING dedupe"
+)
+#: Where several hosts write: the key taken, or the statement fails as a race
+#: (:class:`~masd.store.backend.Raced`'s way, with no result to read back).
+_TAKE_OR_RACE = (
+    f"WITH t AS ({_TAKE}) SELECT masd_raced('the mail was recorded by another writer first') "  # noqa: S608
+    "WHERE NOT EXISTS (SELECT 1 FROM t)"
+)
 
 
 def _insert_sqlite(tx: Tx, columns: list[Any], raw: bytes) -> None:

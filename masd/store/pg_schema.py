@@ -292,7 +292,8 @@ ALTER TABLE thread ADD CONSTRAINT thread_kind_check CHECK (kind IN ('case.erased
 #: reads).  A thread entry carries its writer's transaction id (``thread.xid``) and a
 #: position made from it (``masd_thread_pos``: the id times 2^20, plus the entry's place in
 #: its transaction), so that positions follow transaction ids; ``cases.thread_xid`` is the
-#: writer of a case's latest entry.
+#: writer of a case's latest entry.  ``masd_raced`` fails a statement as a serialization
+#: failure (the job is run again), so that a check needs no result read back.
 HOSTS_ADD_UP = """
 CREATE FUNCTION masd_case_number(d TEXT, t TEXT) RETURNS BIGINT LANGUAGE plpgsql AS $$
 DECLARE
@@ -322,6 +323,12 @@ BEGIN
     END IF;
     PERFORM set_config('masd.thread_n', (n + 1)::text, true);
     RETURN pg_current_xact_id()::text::bigint * 1048576 + n;
+END
+$$;
+
+CREATE FUNCTION masd_raced(what TEXT) RETURNS BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'serialization_failure', MESSAGE = what;
 END
 $$;
 
