@@ -24,7 +24,7 @@ from masd.testing.tcp_proxy import TcpProxy
 
 #: Round trips a delivered mail may cost today: one per result its job reads, and the
 #: commit (docs/performance.md lists them).
-MOST = 9
+MOST = 6
 
 
 @pytest.fixture

@@ -131,6 +131,9 @@ LIBPQ_CONNECT_TIMEOUT: Final = 2
 
 _PROBE: Final = "SELECT pg_current_xact_id()"  # takes a transaction id: fails where nothing commits
 _UNIQUE: Final = "23505"
+_BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_COMMIT: Final = "COMMIT"
+_ROLLBACK: Final = "ROLLBACK"
 
 
 def _reason(exc: BaseException) -> str:
@@ -370,9 +373,20 @@ class PgStore:
                         value = self._checked(fn(PgTx(conn, read=True, cache=self._cache)))
                         ran = True
                     return value
-                with conn.pipeline() as pipeline, conn.transaction():
-                    value = self._checked(fn(PgTx(conn, pipeline=pipeline, cache=self._cache)))
+                with conn.pipeline() as pipeline:
+                    # BEGIN and COMMIT as statements of the pipeline, answered when it ends
+                    # (an error of a statement whose result was not read is raised there):
+                    # psycopg's transaction block would wait for the server at both ends.
+                    conn.execute(_BEGIN)
+                    try:
+                        value = self._checked(fn(PgTx(conn, pipeline=pipeline, cache=self._cache)))
+                    except BaseException:
+                        if not conn.broken:
+                            with contextlib.suppress(psycopg.Error):
+                                conn.execute(_ROLLBACK)
+                        raise
                     ran = True
+                    conn.execute(_COMMIT)
                 return value
         except psycopg.OperationalError as exc:
             # A connection that was lost before its COMMIT was sent committed nothing: the
