@@ -54,7 +54,7 @@ MB = 1024 * 1024
 #: unauthenticated mail (smtp-source), no acknowledgement: intake only.
 ACK_PEERS = ("masd-ack", "masd-ack-dkim", "masd-callback-ack", "masd-callback-ack-dkim")
 PEERS = (*ACK_PEERS, "masd", "masd-callback", "aiosmtpd", "smtp-sink", "dovecot", "mailman")
-SECTIONS = ("intake", "status", "outbound", "smtp", "scale", "stores")
+SECTIONS = ("intake", "status", "outbound", "smtp", "scale", "stores", "pgscale")
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,7 @@ class Report:
     rss: dict[str, float] = field(default_factory=dict)
     wal: dict[str, float] = field(default_factory=dict)  # masd's WAL file, MB
     stores: list[str] = field(default_factory=list)  # bench/stores.py's table
+    pgscale: list[str] = field(default_factory=list)  # bench/pg_scale.py's tables
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -1251,6 +1252,13 @@ def render(r: Report) -> str:
             *r.stores,
             "",
         ]
+    if r.pgscale:
+        lines += [
+            "### PostgreSQL across a network: 1, 2 and 3 hosts (bench/pg_scale.py)",
+            "",
+            *r.pgscale,
+            "",
+        ]
     found = targets(r)
     if found:
         lines += ["### Targets", ""]
@@ -1414,6 +1422,19 @@ def bench_stores(report: Report) -> None:
     report.stores = stores.run(["--mails", str(mails), "--statuses", str(statuses)])
 
 
+def bench_pgscale(report: Report) -> None:
+    """1, 2 and 3 hosts on PostgreSQL behind a 1 ms proxy, fsync off and on, SQLite beside."""
+    from bench import pg_scale
+    from masd.testing.postgres import find_bindir
+
+    if find_bindir() is None:
+        report.notes.append("pgscale: not measured, PostgreSQL is not installed (postgresql).")
+        return
+    mails = max(10, report.options.count // 40)
+    say(f"pgscale: {mails} mails per row")
+    report.pgscale = pg_scale.run(["--mails", str(mails)])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     o = parse(args)
@@ -1438,6 +1459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "smtp": bench_smtp,
         "scale": bench_scale,
         "stores": bench_stores,
+        "pgscale": bench_pgscale,
     }
     for section in SECTIONS:
         if section in o.sections:

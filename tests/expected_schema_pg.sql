@@ -11,6 +11,9 @@ bounces | diagnostic | text | YES | NULL | NO | NULL
 bounces | remote_mta | text | YES | NULL | NO | NULL
 bounces | permanent | bigint | NO | NULL | NO | NULL
 bounces | at | double precision | NO | NULL | NO | NULL
+case_counters | domain | text | YES | NULL | NO | NULL
+case_counters | type | text | YES | NULL | NO | NULL
+case_counters | next_n | bigint | YES | NULL | NO | NULL
 cases | key | text | NO | NULL | NO | NULL
 cases | address | text | NO | NULL | NO | NULL
 cases | domain | text | NO | NULL | NO | NULL
@@ -22,6 +25,7 @@ cases | created_at | double precision | NO | NULL | NO | NULL
 cases | policy | text | YES | NULL | NO | NULL
 cases | thread_seq | bigint | NO | 0 | NO | NULL
 cases | sent_count | bigint | NO | 0 | NO | NULL
+cases | thread_xid | xid8 | YES | NULL | NO | NULL
 deliveries | dedupe | text | NO | NULL | NO | NULL
 deliveries | message_ref | text | NO | NULL | NO | NULL
 deliveries | at | double precision | NO | NULL | NO | NULL
@@ -109,7 +113,8 @@ thread | seq | bigint | NO | NULL | NO | NULL
 thread | kind | text | NO | NULL | NO | NULL
 thread | at | double precision | NO | NULL | NO | NULL
 thread | data | text | NO | '{}'::text | NO | NULL
-thread | pos | bigint | NO | NULL | YES | BY DEFAULT
+thread | pos | bigint | NO | masd_thread_pos() | NO | NULL
+thread | xid | xid8 | NO | pg_current_xact_id() | NO | NULL
 
 -- constraints
 bounce_key | bounce_key_id_check | CHECK ((id = 1))
@@ -198,6 +203,47 @@ thread | thread_pkey | CREATE UNIQUE INDEX thread_pkey ON public.thread USING bt
 outbox | outbox_sent_kept | CREATE TRIGGER outbox_sent_kept AFTER DELETE ON public.outbox FOR EACH ROW WHEN (((old.state = 'done'::text) AND (old.case_key IS NOT NULL))) EXECUTE FUNCTION outbox_sent_kept()
 
 -- functions
+masd_case_number | CREATE OR REPLACE FUNCTION public.masd_case_number(d text, t text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    name TEXT := 'case_number_' || md5(d || chr(31) || t);
+BEGIN
+    IF to_regclass(name) IS NULL THEN
+        INSERT INTO id_counters (domain, type, next_n) VALUES (d, t, 1)
+            ON CONFLICT (domain, type) DO NOTHING;
+        EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I START WITH %s', name,
+            (SELECT next_n FROM id_counters WHERE domain = d AND type = t));
+    END IF;
+    RETURN nextval(name);
+END
+$function$
+
+masd_raced | CREATE OR REPLACE FUNCTION public.masd_raced(what text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'serialization_failure', MESSAGE = what;
+END
+$function$
+
+masd_thread_pos | CREATE OR REPLACE FUNCTION public.masd_thread_pos()
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    n BIGINT := COALESCE(NULLIF(current_setting('masd.thread_n', true), ''), '0')::bigint;
+BEGIN
+    IF n >= 1048576 THEN
+        RAISE EXCEPTION 'more than 1048576 thread entries in one transaction';
+    END IF;
+    PERFORM set_config('masd.thread_n', (n + 1)::text, true);
+    RETURN pg_current_xact_id()::text::bigint * 1048576 + n;
+END
+$function$
+
 outbox_sent_kept | CREATE OR REPLACE FUNCTION public.outbox_sent_kept()
  RETURNS trigger
  LANGUAGE plpgsql

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from masd.store import StoreError, migrate
 from masd.store.pg_admin import connect, recorded
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_schema import MIGRATIONS
-from masd.store.schema import ERASABLE_VERSION, Migration
+from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, Migration
 
 EXPECTED = Path(__file__).parent / "expected_schema_pg.sql"
 
@@ -38,6 +37,7 @@ RELEASED = {
     3: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
     4: "368c0c7ac1306875b5acaefe618d3274e98b58e53daca8b5578b04e077e70665",
     ERASABLE_VERSION: "b4486267e2fce49513235fbb8a14d5843c4ee80a2389b9ccf273bce20d52a51f",
+    HOSTS_ADD_UP_VERSION: "42a82076515191e478a4165c6b3bf422f65cd3aa84bad776688595cd64cd11e2",
 }
 
 _ANY = re.compile(r"CHECK \(\((\w+) = ANY \(ARRAY\[([^\]]*)\]\)\)\)")
@@ -145,8 +145,17 @@ def test_every_sqlite_column_has_its_twin(built: str, tmp_path: Path) -> None:
         conn.close()
     columns = built.split("-- columns\n", 1)[1].split("\n\n", 1)[0].splitlines()
     pg_columns = {tuple(line.split(" | ")[:2]) for line in columns}
-    # masd_migrations is the recorder's own; PostgreSQL adds the outbox's leases.
-    assert pg_columns - sqlite_columns == {("outbox", "claimed_by"), ("outbox", "claimed_until")}
+    # masd_migrations is the recorder's own; PostgreSQL adds the outbox's leases, the
+    # writers' transaction ids and the view of the case numbers' sequences.
+    assert pg_columns - sqlite_columns == {
+        ("outbox", "claimed_by"),
+        ("outbox", "claimed_until"),
+        ("thread", "xid"),
+        ("cases", "thread_xid"),
+        ("case_counters", "domain"),
+        ("case_counters", "type"),
+        ("case_counters", "next_n"),
+    }
     assert sqlite_columns - pg_columns == set()
 
 
@@ -154,7 +163,7 @@ def test_migrating_again_applies_nothing_and_a_newer_store_is_refused(
     postgres: Database,  # noqa: F811
 ) -> None:
     names = [m.name for m in MIGRATIONS]
-    assert names[-1] == "erasable"
+    assert names[-1] == "hosts-add-up"
     assert pg_migrate(postgres.uri, postgres.password) == names
     assert pg_migrate(postgres.uri, postgres.password) == []
     with connect(postgres.uri, postgres.password) as conn:
@@ -192,33 +201,29 @@ def test_the_checks_refuse_what_sqlites_refuse(built: str, postgres: Database) -
 
 
 #: masd.store.cases.next_number's statement, in PostgreSQL's placeholders.
-NEXT_NUMBER = (
-    "INSERT INTO id_counters (domain, type, next_n) VALUES (%s, %s, 2) "
-    "ON CONFLICT (domain, type) DO UPDATE SET next_n = id_counters.next_n + 1 "
-    "RETURNING next_n - 1"
-)
+NEXT_NUMBER = "SELECT masd_case_number(%s, %s)"
 
 
-def test_two_hosts_taking_case_numbers_at_once_never_collide(postgres: Database) -> None:  # noqa: F811
+def test_two_hosts_taking_case_numbers_at_once_never_collide_nor_wait(
+    postgres: Database,  # noqa: F811
+) -> None:
     pg_migrate(postgres.uri, postgres.password)
     with (
         connect(postgres.uri, postgres.password) as first,
         connect(postgres.uri, postgres.password) as second,
     ):
-        assert first.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone() == (1,)
-        taken: list[object] = []
-        waiting = threading.Thread(
-            target=lambda: taken.append(
-                second.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone()
-            )
-        )
-        waiting.start()
-        waiting.join(0.5)
-        assert waiting.is_alive()  # the counter row is the first host's until it commits
+        # The type's sequence is made by its first case, starting where id_counters stood.
+        first.execute("INSERT INTO id_counters VALUES ('help.example', 'ticket', 5)")
         first.commit()
-        waiting.join(10)
-        assert taken == [(2,)]
-        second.rollback()  # a case rolled back gives its number back, as on SQLite
-        assert first.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone() == (2,)
+        assert first.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone() == (5,)
+        first.commit()
+        assert first.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone() == (6,)
+        # The first host's transaction is still open: the second takes a number at once.
+        assert second.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone() == (7,)
+        second.rollback()  # a case rolled back leaves its number unused
+        first.commit()
+        assert first.execute(NEXT_NUMBER, ("help.example", "ticket")).fetchone() == (8,)
         assert first.execute(NEXT_NUMBER, ("help.example", "chat")).fetchone() == (1,)
         first.commit()
+        counters = first.execute("SELECT * FROM case_counters ORDER BY type").fetchall()
+        assert counters == [("help.example", "chat", 2), ("help.example", "ticket", 9)]

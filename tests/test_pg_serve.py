@@ -28,7 +28,7 @@ from masd.cli import main
 from masd.config import load_config
 from masd.ops.doctor import check_store
 from masd.store import outbox
-from masd.store.pg_backend import PgStore
+from masd.store.pg_backend import CONNECT_TIMEOUT, PgStore
 from masd.store.sql import Tx, tuples
 from masd.testing import FakePeer, Recorded, SmtpSink, lmtpclient
 from masd.testing.postgres import PostgresServer, find_bindir
@@ -133,7 +133,10 @@ def test_the_database_down_and_back_without_a_restart(
             async with httpx.AsyncClient(base_url=setup.http_url, timeout=WAIT) as http:
                 assert (await http.get("/mas/v0.1/cases", headers=auth)).status_code == 200
                 await asyncio.to_thread(server.pause)
+                loop = asyncio.get_running_loop()
+                began = loop.time()
                 refused = await hand_over(setup, 1)
+                waited = loop.time() - began
                 (result,) = refused.recipients
                 reply = result.final
                 assert (reply.code, reply.enhanced) == (451, "4.3.0"), refused
@@ -144,10 +147,13 @@ def test_the_database_down_and_back_without_a_restart(
                 health = await http.get("/healthz")
                 assert health.status_code == 503, health.text
                 print(
-                    f"\ndown: LMTP {reply.code} {reply.enhanced}, HTTP 503, /healthz {health.text}"
+                    f"\ndown: LMTP {reply.code} {reply.enhanced} after {waited:.2f} s, HTTP 503, "
+                    f"/healthz {health.text}"
                 )
+                # Postfix's session is not held: the wait is the pool's bound, not the
+                # server's TCP timeouts (a bound of the configuration, not of speed).
+                assert waited < 2 * CONNECT_TIMEOUT + 2, waited
                 await asyncio.to_thread(server.resume)
-                loop = asyncio.get_running_loop()
                 began = loop.time()
 
                 async def healthy() -> bool:

@@ -26,7 +26,7 @@ from masd.core import kinds
 from masd.core.engine import Status, Thread
 from masd.core.status import MACHINE
 from masd.store import MIGRATIONS, migrate
-from masd.store.schema import ERASABLE_VERSION
+from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION
 
 EXPECTED = Path(__file__).parent / "expected_schema.sql"
 
@@ -38,6 +38,7 @@ RELEASED = {
     3: "1bcedcdf8b0b19a6a9ff731c45a15cb4a54d10433423e0c2f82e6e2cb06efc49",
     4: "f3bcdc266d3a32aaedf0d6e382e47ce10e5b19bacb927a883fbb43390fe8c79d",
     ERASABLE_VERSION: "2c9e91c474044cdb61d3108ee3eb8f4872b140624ae972669aff14776bef3302",
+    HOSTS_ADD_UP_VERSION: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
 }
 
 _CHECK_IN = re.compile(r"CHECK \((\w+) IN \(([^)]*)\)\)")

@@ -12,7 +12,7 @@ from test_store_backends import Backend, backend  # noqa: F401
 from masd.core.engine import CaseView
 from masd.store import bounces, cases, entries, outbox
 from masd.store.outbox import NewRow
-from masd.store.sql import Tx
+from masd.store.sql import Tx, tuples
 from masd.store.thread import append_thread
 
 KEY = "ticket=gs-1@help.example"
@@ -71,7 +71,9 @@ def test_a_mail_gets_its_envelope_and_its_entry_is_found(backend: Backend) -> No
     assert json.loads(payload)["rcpt_to"] == "ann@example.org"
     assert _r(backend, lambda tx: bounces.mail_out(tx, KEY, oid)) == (1, "ann@example.org")
     assert _r(backend, lambda tx: bounces.mail_out(tx, KEY, oid + 1)) is None
-    assert _w(backend, lambda tx: append_thread(tx, KEY, "mail.bounced", {"mail_seq": 1}, at=11.0))
+    _w(backend, lambda tx: append_thread(tx, KEY, "mail.bounced", {"mail_seq": 1}, at=11.0))
+    kinds = _r(backend, lambda tx: tuples(tx, "SELECT kind FROM thread ORDER BY seq"))
+    assert [k for (k,) in kinds][-1] == "mail.bounced"
 
 
 def test_an_envelope_given_with_the_queued_payload_is_the_same_as_one_read_back(

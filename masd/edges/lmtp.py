@@ -217,6 +217,13 @@ class LmtpHandler:
             return self.per_recipient(Replies.FAULT, "temporary failure, try again later", rcpts)
         if len(rcpts) == 1:  # the usual case: no task and gather for one recipient
             results = [await self._record_one(rcpts[0], parsed, raw, sha, now, True)]
+        elif getattr(self.store, "concurrent_writes", False):
+            # Write jobs run side by side (PostgreSQL): one after another, so that the
+            # recipients of one mail open their cases in the order they were given.
+            results = [
+                await self._record_one(rcpt, parsed, raw, sha, now, i == 0)
+                for i, rcpt in enumerate(rcpts)
+            ]
         else:
             results = await asyncio.gather(
                 *(

@@ -303,12 +303,10 @@ def _refusal(ap: _Applying, recipient: Recipient | None) -> str | None:
     # rules on who the recipient is.
     refusal = decide_send(recipient, Counts(0, 0), caps)
     if refusal is None and recipient is not None:
-        counts = Counts(
-            case_sent=cases.sent_count(ap.tx, case.key),
-            recipient_sent_24h=cases.sent_to(
-                ap.tx, recipient.address.lower(), ap.now - CAP_WINDOW_SECONDS
-            ),
+        case_sent, recipient_sent = cases.send_counts(
+            ap.tx, case.key, recipient.address.lower(), ap.now - CAP_WINDOW_SECONDS
         )
+        counts = Counts(case_sent=case_sent, recipient_sent_24h=recipient_sent)
         refusal = decide_send(recipient, counts, caps)
     return refusal
 

@@ -28,5 +28,10 @@ def fire_deadline(rt: Runtime, tx: Tx, handoff_id: str, now: float) -> Wakes | N
         return None
     case = load_case(rt, tx, handoff.case_key)
     assert case is not None
+    # Where several hosts write, loading the case waited for its row: the handoff is read
+    # again as the job it waited for left it (another host may have fired it meanwhile).
+    handoff = load_handoff(rt, tx, handoff_id)
+    if handoff is None or handoff.closed:
+        return None
     job = Job(rt, tx, now)
     return apply(job, case, master_deadline(case, handoff, job.context())).wakes

@@ -157,11 +157,6 @@ def _pg_fault(exc: BaseException) -> Fault | None:
     return None
 
 
-#: Where several hosts write, the advisory lock a transaction takes before it appends to
-#: a thread, held until it ends (masd/store/pg_backend.py says why).
-FEED_LOCK: Final = 0x6D617364_66656564  # "masdfeed"
-
-
 # -- the dialect ------------------------------------------------------------------
 
 _QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
@@ -256,6 +251,15 @@ class Dialect:
     def hint(self, hint: str) -> str:
         """``hint`` (``INDEXED BY x``, ``NOT INDEXED``) where the database has index hints."""
         return f" {hint} " if self.hints else " "
+
+    def readable(self, alias: str) -> str:
+        """`` AND`` the thread entry ``alias`` is below the feed's high-water mark, where
+        several hosts write: its writer's transaction ended before the oldest one still
+        running began, so no open transaction can write an earlier position
+        (masd/store/pg_backend.py); nothing where one writer commits in order."""
+        if self.name == "sqlite":
+            return ""
+        return f" AND {alias}.xid < pg_snapshot_xmin(pg_current_snapshot())"
 
     def for_update(self, of: str = "") -> str:
         """`` FOR UPDATE [OF of]`` where write transactions lock rows, else nothing."""

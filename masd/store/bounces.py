@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from masd.store.sql import Tx, dialect, dumps, one, rows, run, value
+from masd.store.sql import Tx, dialect, dumps, one, rows, run, send, value
 
 __all__ = [
     "Bounce",
@@ -37,9 +37,20 @@ __all__ = [
 
 
 def key_or_none(tx: Tx) -> bytes | None:
-    """The bounce secret, or None while no mail has needed one."""
+    """The bounce secret, or None while no mail has needed one.
+
+    Once made it never changes: a store that keeps a cache for its jobs
+    (``masd_cache``, PostgreSQL's, where a read is a round trip) reads it once."""
+    cache: dict[str, object] | None = getattr(tx, "masd_cache", None)
+    if cache is not None and isinstance(kept := cache.get("bounce_key"), bytes):
+        return kept
     found = value(tx, "SELECT secret FROM bounce_key WHERE id = 1")
-    return None if found is None else bytes.fromhex(str(found))
+    if found is None:
+        return None
+    secret = bytes.fromhex(str(found))
+    if cache is not None:
+        cache["bounce_key"] = secret
+    return secret
 
 
 def key(tx: Tx, now: float) -> bytes:
@@ -47,16 +58,16 @@ def key(tx: Tx, now: float) -> bytes:
     found = key_or_none(tx)
     if found is not None:
         return found
-    run(
+    send(
         tx,
         "INSERT INTO bounce_key (id, secret, created_at) VALUES (1, ?, ?) "
         "ON CONFLICT (id) DO NOTHING",
         (secrets.token_hex(32), now),
     )
-    made = key_or_none(tx)
+    made = value(tx, "SELECT secret FROM bounce_key WHERE id = 1")  # not kept: may roll back
     if made is None:  # pragma: no cover - the insert above or another host's wrote it
         raise RuntimeError("bounce_key has no row after its insert")
-    return made
+    return bytes.fromhex(str(made))
 
 
 def set_envelope(
@@ -65,12 +76,23 @@ def set_envelope(
     """Give the queued mail ``outbox_id`` its envelope sender (its bounce address).
 
     ``queued``: the payload the row was just queued with, when the caller has
-    it (the row is then not read back)."""
-    if queued is None:
-        payload = value(tx, "SELECT payload FROM outbox WHERE id = ?", (outbox_id,))
-        queued = json.loads(str(payload))
-    data = {**queued, "mail_from": mail_from}
-    run(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (dumps(data), outbox_id))
+    it (the row is then not read back).  Each way is one statement sent with
+    the next (on PostgreSQL no round trip of its own)."""
+    if queued is not None:
+        data = {**queued, "mail_from": mail_from}
+        send(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (dumps(data), outbox_id))
+        return
+    if dialect(tx).lock_rows:
+        send(
+            tx,
+            "UPDATE outbox SET payload = (payload::jsonb || jsonb_build_object('mail_from', "
+            "CAST(? AS TEXT)))::text WHERE id = ?",
+            (mail_from, outbox_id),
+        )
+        return
+    payload = value(tx, "SELECT payload FROM outbox WHERE id = ?", (outbox_id,))
+    data = {**json.loads(str(payload)), "mail_from": mail_from}
+    send(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (dumps(data), outbox_id))
 
 
 @dataclass(frozen=True)
@@ -109,7 +131,7 @@ def _bounce(row: dict[str, Any]) -> Bounce:
 
 def record(tx: Tx, b: Bounce) -> None:
     """Record bounce ``b``."""
-    run(
+    send(
         tx,
         f"INSERT INTO bounces ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
         (
@@ -163,7 +185,7 @@ class Suppression:
 
 def suppress(tx: Tx, s: Suppression) -> None:
     """Suppress ``s.address`` (lower case) until ``s.until``; a later bounce extends it."""
-    run(
+    send(
         tx,
         "INSERT INTO suppressions (address, until, status, case_key, message_ref, at) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (address) DO UPDATE SET "

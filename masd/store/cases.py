@@ -10,7 +10,7 @@ from typing import Any
 from masd.core.engine import CaseView
 from masd.store import handoffs
 from masd.store.handoffs import HandoffRow, handoff_row
-from masd.store.sql import Tx, dialect, dumps, one, run, tuples, value
+from masd.store.sql import Tx, dialect, dumps, one, send, tuples, value
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,17 @@ _LOAD = (
 )
 
 
+_LOCK = "SELECT 1 AS x FROM cases WHERE key = ? FOR UPDATE"
+
+
 def load(tx: Tx, key: str) -> CaseRow | None:
-    """The case ``key`` and its open handoff, in one statement."""
-    d = dialect(tx)
-    row = one(tx, _LOAD + d.for_update("c") if d.lock_rows else _LOAD, (key,))
+    """The case ``key`` and its open handoff, in one statement (where several hosts
+    write, after a first that locks the case's row: under READ COMMITTED the read after
+    it sees what the job it waited for committed, where one statement that locks and
+    joins would join the handoff as it was before the wait)."""
+    if dialect(tx).lock_rows and one(tx, _LOCK, (key,)) is None:
+        return None
+    row = one(tx, _LOAD, (key,))
     if row is None:
         return None
     return CaseRow(
@@ -66,7 +73,7 @@ def address(tx: Tx, key: str) -> str | None:
 
 
 def create(tx: Tx, case: CaseView, now: float) -> None:
-    run(
+    send(
         tx,
         "INSERT INTO cases (key, address, domain, type, id, role, participant, created_at) "
         "VALUES (?,?,?,?,?,?,?,?)",
@@ -78,10 +85,15 @@ def next_number(tx: Tx, domain: str, type_: str) -> int:
     """Take the next master-role id number for (domain, type): 1, 2, ...
 
     docs/protocol.md §2: "email assigns ids ``<id_prefix><n>`` ... n = 1, 2, … per
-    domain and type, never reused."  The bump is part of the caller's job, so
-    a job that rolls back gives its number back only together with the case
-    that would have used it.
+    domain and type, never reused."  On SQLite the bump is part of the caller's
+    job, so a job that rolls back gives its number back only together with the
+    case that would have used it.  Where several hosts write, the number comes
+    from the type's sequence (``masd_case_number``, PostgreSQL migration 6): no
+    job waits for another's commit to take one, and a job that rolls back
+    leaves its number unused.
     """
+    if dialect(tx).lock_rows:
+        return int(tuples(tx, "SELECT masd_case_number(?, ?)", (domain, type_))[0][0])
     got = tuples(
         tx,
         "INSERT INTO id_counters (domain, type, next_n) VALUES (?, ?, 2) "
@@ -99,7 +111,18 @@ def policy(tx: Tx, key: str) -> dict[str, Any]:
 
 
 def set_policy(tx: Tx, key: str, stored: Mapping[str, Any]) -> None:
-    run(tx, "UPDATE cases SET policy = ? WHERE key = ?", (dumps(dict(stored)), key))
+    send(tx, "UPDATE cases SET policy = ? WHERE key = ?", (dumps(dict(stored)), key))
+
+
+def send_counts(tx: Tx, key: str, recipient: str, since: float) -> tuple[int, int]:
+    """:func:`sent_count` and :func:`sent_to`, read by one statement."""
+    found = tuples(
+        tx,
+        "SELECT (SELECT sent_count FROM cases WHERE key = ?), "
+        "(SELECT COUNT(*) FROM send_log WHERE recipient = ? AND at > ?)",
+        (key, recipient, since),
+    )
+    return int(found[0][0]), int(found[0][1])
 
 
 def sent_count(tx: Tx, key: str) -> int:
@@ -120,8 +143,8 @@ def sent_to(tx: Tx, recipient: str, since: float) -> int:
 
 def count_send(tx: Tx, key: str, recipient: str, now: float) -> None:
     """A mail to ``recipient`` (lower case) was queued on case ``key``."""
-    run(tx, "UPDATE cases SET sent_count = sent_count + 1 WHERE key = ?", (key,))
-    run(
+    send(tx, "UPDATE cases SET sent_count = sent_count + 1 WHERE key = ?", (key,))
+    send(
         tx,
         "INSERT INTO send_log (case_key, recipient, at) VALUES (?, ?, ?)",
         (key, recipient, now),

@@ -254,8 +254,10 @@ class _Postgres:
         )
 
     def rows(self, table: str, columns: Sequence[str]) -> Iterator[list[Row]]:
+        # Case numbers come from a sequence per type: id_counters as they have moved them.
+        source = "case_counters" if table == "id_counters" else table
         query = sql.SQL("SELECT {} FROM {}").format(
-            sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(table)
+            sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(source)
         )
         with self.conn.cursor(name=f"masd_copy_{table}") as cursor:
             cursor.execute(query)

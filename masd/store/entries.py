@@ -1,10 +1,12 @@
 """The read side's queries across the thread: entries with their delivery, the feed, the case list.
 
 Every thread entry has a ``pos``: its place in commit order across all cases
-(:mod:`masd.store.schema`, migration 2).  One writer commits whole batches,
-so a reader never sees a ``pos`` without every smaller one: the event feed
-pages by it, and the case list orders cases by the ``pos`` of their latest
-entry.
+(:mod:`masd.store.schema`, migration 2).  On SQLite one writer commits whole
+batches, so a reader never sees a ``pos`` without every smaller one; on
+PostgreSQL the feed's queries read only below the high-water mark
+(:meth:`masd.store.backend.Dialect.readable`, masd/store/pg_backend.py) to the
+same end: the event feed pages by it, and the case list orders cases by the
+``pos`` of their latest entry.
 
 A ``case.erased`` entry is all that is left of an erased case
 (:func:`masd.store.retention.erase_case`): its case's row is gone, so the
@@ -107,17 +109,20 @@ def case_entries(tx: Tx, key: str, after: int, limit: int) -> list[EntryRow]:
 
 
 def events(tx: Tx, after: int, limit: int, case_key: str | None = None) -> list[EntryRow]:
-    """The entries with ``pos > after`` (of case ``case_key`` only, if given), in commit order."""
+    """The entries with ``pos > after`` (of case ``case_key`` only, if given), in commit
+    order, below the feed's high-water mark (:meth:`Dialect.readable`)."""
+    d = dialect(tx)
     if case_key is None:
         found = tuples(
             tx,
-            _entries(dialect(tx)) + "WHERE t.pos > ? ORDER BY t.pos LIMIT ?",
+            _entries(d) + f"WHERE t.pos > ?{d.readable('t')} ORDER BY t.pos LIMIT ?",
             (after, limit),
         )
     else:
         found = tuples(
             tx,
-            _entries(dialect(tx)) + "WHERE t.case_key = ? AND t.pos > ? ORDER BY t.pos LIMIT ?",
+            _entries(d)
+            + f"WHERE t.case_key = ? AND t.pos > ?{d.readable('t')} ORDER BY t.pos LIMIT ?",
             (case_key, after, limit),
         )
     return [_entry(r) for r in found]
@@ -125,16 +130,23 @@ def events(tx: Tx, after: int, limit: int, case_key: str | None = None) -> list[
 
 def last_events(tx: Tx, count: int, case_key: str | None = None) -> list[EntryRow]:
     """The latest ``count`` entries (of case ``case_key`` only, if given), in commit order."""
+    d = dialect(tx)
     where, params = (
-        ("", (count,)) if case_key is None else ("WHERE t.case_key = ? ", (case_key, count))
+        ("", (count,)) if case_key is None else ("AND t.case_key = ? ", (case_key, count))
     )
-    found = tuples(tx, _entries(dialect(tx)) + where + "ORDER BY t.pos DESC LIMIT ?", params)
+    found = tuples(
+        tx,
+        _entries(d) + f"WHERE TRUE{d.readable('t')} " + where + "ORDER BY t.pos DESC LIMIT ?",
+        params,
+    )
     return [_entry(r) for r in reversed(found)]
 
 
 def last_pos(tx: Tx) -> int:
-    """The ``pos`` of the latest entry committed (0: none yet)."""
-    return int(value(tx, "SELECT COALESCE(MAX(pos), 0) FROM thread"))
+    """The ``pos`` of the latest entry committed below the high-water mark (0: none yet)."""
+    d = dialect(tx)
+    latest = f"SELECT COALESCE(MAX(pos), 0) FROM thread t WHERE TRUE{d.readable('t')}"  # noqa: S608
+    return int(value(tx, latest))
 
 
 @cache

@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from masd.store.sql import Tx, dialect, dumps, one, run, tuples, value
+from masd.store.sql import Tx, dialect, dumps, one, send, tuples, value
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class NewHandoff:
 
 
 def open_handoff(tx: Tx, h: NewHandoff, now: float) -> None:
-    run(
+    send(
         tx,
         "INSERT INTO handoffs (handoff_id, case_key, mode, peer, status, requested_at, "
         "deadline_at, forwarded, webhook_url, details) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -109,7 +109,7 @@ def record_status(tx: Tx, s: NewStatus, now: float) -> str:
     """Record ``s`` and move its handoff to it; returns the handoff's mode."""
     # The status's number n (1, 2, ... per handoff) is taken in the INSERT,
     # and the handoff's mode comes back from its UPDATE: two statements.
-    run(
+    send(
         tx,
         "INSERT INTO statuses (handoff_id, n, seq, status, source, data, at) "
         "SELECT ?, COALESCE(MAX(n), 0) + 1, ?, ?, ?, ?, ? FROM statuses WHERE handoff_id = ?",

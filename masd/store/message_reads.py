@@ -159,10 +159,11 @@ def scoped_events(
     tx: Tx, after: int, limit: int, case_key: str | None, scope: Sequence[str]
 ) -> list[EntryRow]:
     """:func:`masd.store.entries.events` of the cases in ``scope`` only."""
+    d = dialect(tx)
     found = tuples(
         tx,
-        _entries(dialect(tx))
-        + f"WHERE t.pos > ? AND ({dialect(tx).param('TEXT')} IS NULL OR t.case_key = ?) "
+        _entries(d)
+        + f"WHERE t.pos > ?{d.readable('t')} AND ({d.param('TEXT')} IS NULL OR t.case_key = ?) "
         + _scope_clause(dialect(tx))
         + "ORDER BY t.pos LIMIT ?",
         (after, case_key, case_key, _scope(scope), limit),

@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from masd.store.backend import Dialect
-from masd.store.sql import Tx, dialect, dumps, many, run, tuples, value
+from masd.store.sql import Tx, dialect, dumps, many, send, tuples, value
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
 
 
 def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:
-    run(
+    send(
         tx,
         "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "  # noqa: S608 - dialect words only
         f"{dialect(tx).released()} WHERE id = ?",
@@ -241,7 +241,7 @@ def retry_at(tx: Tx, item_id: int, error: str, next_at: float) -> None:
 
 def failed(tx: Tx, item_id: int, detail: str, at: float | None = None) -> None:
     """Given up (``at``: when, the read side's ``done_at``)."""
-    run(
+    send(
         tx,
         "UPDATE outbox SET state = 'failed', attempts = attempts + 1, last_error = ?, "  # noqa: S608 - dialect words only
         f"done_at = ?{dialect(tx).released()} WHERE id = ?",
@@ -291,15 +291,27 @@ def renew(tx: Tx, item_id: int, host: str, lease: float) -> bool:
 
 def orphaned_queues(tx: Tx, limit: int = 100) -> list[str]:
     """Queues whose pending head a host took and holds no longer (its lease ran out: that
-    host died mid-send, or lost the database), for another host to take over.  Nothing
-    where one host sends."""
+    host died mid-send, or lost the database), for another host to take over; and queues
+    whose head has been due a while and no host took (:data:`UNSEEN_SECONDS`).  Nothing
+    where one host sends.
+
+    Where several hosts write at once, outbox ids are taken at insert, not at commit: a
+    row whose transaction committed after one holding a later id can fall behind the id
+    a sender looked up to (:func:`heads_after`); this finds it."""
     d = dialect(tx)
     if not d.leases:
         return []
     found = tuples(
         tx,
-        "SELECT DISTINCT queue FROM outbox WHERE state = 'pending' "  # noqa: S608 - dialect words only
-        f"AND claimed_by IS NOT NULL AND claimed_until < {d.now_epoch} LIMIT ?",
-        (limit,),
+        "SELECT DISTINCT o.queue FROM outbox o WHERE o.state = 'pending' "  # noqa: S608 - dialect words only
+        f"AND ((o.claimed_by IS NOT NULL AND o.claimed_until < {d.now_epoch}) "
+        f"OR (o.claimed_by IS NULL AND o.next_attempt_at < {d.now_epoch} - ? "
+        "AND o.id = (SELECT MIN(id) FROM outbox WHERE queue = o.queue AND state = 'pending'))) "
+        "LIMIT ?",
+        (UNSEEN_SECONDS, limit),
     )
     return sorted(str(r[0]) for r in found)
+
+
+#: A due queue head no host took for this long is looked at again (:func:`orphaned_queues`).
+UNSEEN_SECONDS = 1.0

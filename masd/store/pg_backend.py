@@ -7,57 +7,68 @@ whose ``execute`` takes the store's ``?`` text (:data:`POSTGRESQL`
 translates it once per statement).
 
 Writes.  SQLite has one writer, so its group commit makes every job see the
-jobs before it.  Here any host may write at any time, so each job is one
-transaction of its own, run on a pooled connection at ``SERIALIZABLE``
-isolation: the database commits jobs as if one at a time, in commit order,
-whichever host ran them.  A job that loses a race (serialization failure
-``40001``, deadlock ``40P01``) is rolled back and run again from the start,
-at most :data:`CONFLICT_RETRIES` times, with a short random pause; its
+jobs before it.  Here any host may write at any time, and each host runs
+:data:`WRITERS` write jobs at once, each one transaction of its own on a
+pooled connection at ``READ COMMITTED``: no lock spans the store, and jobs on
+different cases commit side by side, on one host and across hosts.  What
+keeps them apart is each job's own rows:
+
+- one case's inputs are applied one at a time: a write job that loads a case
+  locks its row first, by a statement of its own (``SELECT ... FOR UPDATE``,
+  :func:`masd.store.cases.load`), so a second job on that case waits for the
+  first to commit, and its next statement sees what the first wrote;
+- dedupe and idempotency are unique keys written with ``INSERT ... ON
+  CONFLICT``, never a look then an insert (the same statements as SQLite); a
+  key taken by a concurrent twin makes the job run again
+  (:class:`~masd.store.backend.Raced`), and it then finds the twin's row and
+  answers as the duplicate it is; a plain unique violation (``23505``, two
+  hosts opening one slave case) is run again the same way, at most
+  :data:`UNIQUE_RETRIES` times before it counts as the job's own error;
+- case numbers come from a sequence per (domain, type)
+  (:func:`masd.store.cases.next_number`, PostgreSQL migration 6): taking one
+  waits for nobody's commit, and a job that rolls back leaves a gap;
+- each deadline fires once and each outbox row is sent by one host: the job
+  that acts on a handoff locks its case, and outbox rows are claimed with
+  ``FOR UPDATE SKIP LOCKED`` under a lease (:func:`masd.store.outbox.claim`).
+
+A job that loses a race (deadlock ``40P01``, serialization failure ``40001``,
+:class:`~masd.store.backend.Raced`) is rolled back and run again from the
+start, at most :data:`CONFLICT_RETRIES` times, with a short random pause; its
 caller sees only the run that committed (a job must therefore keep its
 effects inside the transaction: what it returns, wakes included, is acted on
 by its caller after the commit, and the lines it logs are held until then,
 :mod:`masd.store.deferred_logs`).  The caller is answered after ``COMMIT``
 returned (``synchronous_commit`` is the server's: keep it ``on``).
 
-What several hosts need, and where it comes from:
+The feed by a high-water mark.  A sequence hands out numbers at insert time,
+not at commit: with positions from one, a transaction holding ``pos`` 7 could
+commit after one holding 8, and a reader that saw 8 would resume past 7 for
+ever.  So each thread entry carries its writer's transaction id
+(``thread.xid``, ``pg_current_xact_id()``) and its position is made from it
+(``masd_thread_pos``: the id times 2^20 plus the entry's place in its
+transaction), and the feed's queries read only entries whose writer's id is
+below the oldest transaction still running in the reader's snapshot
+(``pg_snapshot_xmin(pg_current_snapshot())``,
+:meth:`~masd.store.backend.Dialect.readable`).  Every transaction that could
+still write an earlier position has a smaller id, and is then no longer open;
+a transaction not yet given an id gets a larger one.  So a reader sees entry
+*n* only with every entry below it that will ever commit, and two readers on
+any hosts read one order.  The wait this adds is bounded by the longest write
+transaction on the server (of any database of its cluster: the oldest running
+id is the server's).  One case's entries must also follow its order: an entry
+written by a job whose id is older than that of the case's latest entry (it
+took its id before it waited for the case's row) makes the job run again,
+with a newer id (:func:`masd.store.thread.append_thread`).  Outbox ids are
+identity values too: a sender that follows new rows by id may pass one whose
+transaction committed late, so each host looks every second at due queue
+heads no host took (:func:`masd.store.outbox.orphaned_queues`).
 
-- dedupe and idempotency are unique keys written with ``INSERT ... ON
-  CONFLICT``, never a look then an insert (the same statements as SQLite);
-- case ids come from the ``id_counters`` row bumped by ``INSERT ... ON
-  CONFLICT DO UPDATE ... RETURNING``: the row lock makes a second host wait
-  for the first one's commit and then read its value, so no number is handed
-  out twice;
-- one case's inputs are applied one at a time: a write job that loads a case
-  locks its row (``FOR UPDATE OF c``, :attr:`Dialect.lock_rows`), so a second
-  job on that case waits for the first to commit;
-- each deadline fires once: firing closes or moves the handoff row in the
-  job that acts on it; two hosts doing so conflict and the second, run
-  again, finds it done;
-- the event feed cannot skip an event.  ``thread.pos`` is an identity
-  column, and a sequence hands out numbers at insert time, not at commit: left
-  alone, a transaction holding ``pos`` 7 could commit after one holding 8,
-  and a reader that saw 8 would resume past 7 for ever.  So a transaction
-  takes the advisory lock :data:`~masd.store.backend.FEED_LOCK` before its
-  first thread insert (:func:`masd.store.thread.append_thread`) and holds it
-  until it ends.  The server makes a commit visible before it releases the
-  transaction's locks, so the next transaction gets the lock, and only then
-  a number, after this one is visible: numbers are taken in commit order, and
-  any snapshot that shows entry n+1 shows every entry below it.  (A rollback
-  leaves a gap in the numbers, never an entry behind the cursor.)  The price:
-  transactions that append to threads commit one after another, as every
-  transaction does on SQLite.
-
-Writers take turns.  Left to SERIALIZABLE alone, writers that touch the same
-rows (every new case bumps its type's ``id_counters`` row; every job that
-appends to a thread takes the feed lock) conflict, and under load the
-losers lose again on every retry: eight LMTP sessions opening cases at once
-made jobs fail after nine runs.  So a write job first takes the advisory lock
-:data:`WRITE_LOCK` on its session, before its transaction (and so its
-snapshot) begins, and lets go of it after the commit: across every host, one
-write transaction runs at a time, as SQLite's one writer does, each seeing
-every commit before it.  Conflicts are then left to what the lock does not
-cover (none among masd's own jobs); the retry stays for them.  A host that
-dies holds nothing: the lock is its session's.
+Round trips.  A write job runs in psycopg's pipeline mode: a statement whose
+result the job does not read (:func:`masd.store.sql.send`) goes out with the
+next one it reads, ``BEGIN`` with the first and ``COMMIT`` with the last;
+statements are not prepared on the server (a round trip of their own), and a
+pooled connection is pinged only after :data:`CHECK_IDLE_SECONDS` idle (one
+found lost before its ``COMMIT`` was sent runs the job again on another).
 
 Reads run ``READ ONLY`` at ``REPEATABLE READ``: one snapshot per call, never
 waiting for the writers.
@@ -103,19 +114,27 @@ T = TypeVar("T")
 
 #: A job that lost a race to another writer is run again at most this often.
 CONFLICT_RETRIES: Final = 8
-#: Connections per host; each runs one job or one read at a time.
+#: A job that hit a unique key taken by a concurrent twin is run again at most this often.
+UNIQUE_RETRIES: Final = 2
+#: Connections per host for reads; each runs one read at a time.
 POOL_SIZE: Final = 8
+#: Write jobs one host runs at once, each on a connection of its own.
+WRITERS: Final = 8
 #: An outbox row a host took is another's to take after this long (``server.claim_timeout``).
 CLAIM_TIMEOUT: Final = 30.0
-#: Seconds a caller waits for a pooled connection before the store counts as unavailable.
-CONNECT_TIMEOUT: Final = 5.0
+#: Seconds a caller waits for a pooled connection before the store counts as unavailable:
+#: with the database down, a delivery is answered ``451`` within about this long.
+CONNECT_TIMEOUT: Final = 3.0
+#: A pooled connection idle longer than this is pinged before a job gets it.
+CHECK_IDLE_SECONDS: Final = 2.0
+#: libpq's own limit on opening a connection (seconds; libpq takes 2 at least).
+LIBPQ_CONNECT_TIMEOUT: Final = 2
 
-
-#: Held by a write job from before its transaction begins until after it ends.
-WRITE_LOCK: Final = 0x6D617364_77726974  # "masdwrit"
-_WRITE_LOCK: Final = f"SELECT pg_advisory_lock({WRITE_LOCK})"
-_WRITE_UNLOCK: Final = f"SELECT pg_advisory_unlock({WRITE_LOCK})"
 _PROBE: Final = "SELECT pg_current_xact_id()"  # takes a transaction id: fails where nothing commits
+_UNIQUE: Final = "23505"
+_BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_COMMIT: Final = "COMMIT"
+_ROLLBACK: Final = "ROLLBACK"
 
 
 def _reason(exc: BaseException) -> str:
@@ -124,13 +143,57 @@ def _reason(exc: BaseException) -> str:
     return f"{text} ({state})" if state else text
 
 
+class _Lost(Exception):
+    """The job's connection was lost before it committed anything: run it again."""
+
+
+class _Pending:
+    """A statement sent in pipeline mode: its result is waited for only when it is read."""
+
+    __slots__ = ("_cur", "_pipeline")
+
+    def __init__(self, cur: psycopg.Cursor[Any], pipeline: psycopg.Pipeline) -> None:
+        self._cur = cur
+        self._pipeline = pipeline
+
+    @property
+    def description(self) -> Any:
+        self._pipeline.sync()
+        return self._cur.description
+
+    @property
+    def rowcount(self) -> int:
+        self._pipeline.sync()
+        return self._cur.rowcount
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()  # psycopg syncs the pipeline for a fetch
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+
 class PgTx:
-    """A PostgreSQL transaction as the store's functions see it (:class:`masd.store.sql.Tx`)."""
+    """A PostgreSQL transaction as the store's functions see it (:class:`masd.store.sql.Tx`).
 
-    __slots__ = ("_conn", "masd_dialect")
+    A write runs in psycopg's pipeline mode: a statement whose result nobody reads (an
+    ``INSERT``, an ``UPDATE`` whose count is not asked) goes out with the next one that
+    is read, in one round trip, and ``COMMIT`` with the last of them."""
 
-    def __init__(self, conn: psycopg.Connection[Any], *, read: bool = False) -> None:
+    __slots__ = ("_conn", "_pipeline", "masd_cache", "masd_dialect")
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        read: bool = False,
+        pipeline: psycopg.Pipeline | None = None,
+        cache: dict[str, object] | None = None,
+    ) -> None:
         self._conn = conn
+        self._pipeline = pipeline
+        #: What never changes once committed (the bounce secret), read once per store.
+        self.masd_cache = cache
         #: A read locks nothing (``FOR UPDATE`` is refused in a read-only transaction).
         self.masd_dialect = POSTGRESQL_READ if read else POSTGRESQL
 
@@ -139,7 +202,8 @@ class PgTx:
         return self
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor:
-        return self._conn.execute(POSTGRESQL.translate(sql), tuple(parameters))
+        cur = self._conn.execute(POSTGRESQL.translate(sql), tuple(parameters))
+        return cur if self._pipeline is None else _Pending(cur, self._pipeline)
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
         with self._conn.cursor() as cur:
@@ -147,9 +211,12 @@ class PgTx:
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
-        """A savepoint: an exception leaving the block undoes it alone."""
+        """A savepoint: an exception leaving the block undoes it alone (in pipeline mode,
+        what the block sent is answered before it ends, so its errors are its own)."""
         with self._conn.transaction():
             yield
+            if self._pipeline is not None:
+                self._pipeline.sync()
 
 
 class PgStore:
@@ -170,31 +237,66 @@ class PgStore:
         self.claim_seconds = claim_timeout
         #: This host's name on the rows it holds.
         self.host = host or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        kwargs: dict[str, Any] = {"autocommit": True}
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": LIBPQ_CONNECT_TIMEOUT,
+            # A statement prepared on the server costs a round trip of its own.
+            "prepare_threshold": None,
+        }
         if password is not None:
             kwargs["password"] = password
-        self._pool = ConnectionPool(
-            uri,
-            kwargs=kwargs,
-            min_size=1,
-            max_size=size,
-            timeout=CONNECT_TIMEOUT,
-            open=False,
-            check=ConnectionPool.check_connection,
-            name="masd",
-        )
-        self._pool.open(wait=False)
+        self._pool = self._open_pool(uri, kwargs, size, read=True)
+        self._write_pool = self._open_pool(uri, kwargs, WRITERS, read=False)
         self._workers = ThreadPoolExecutor(max_workers=size, thread_name_prefix="masd-pg")
-        #: One thread runs this host's write jobs, in the order they were submitted (as
-        #: SQLite's writer does: the recipients of one mail open their cases in order);
-        #: writes take turns across hosts anyway (:data:`WRITE_LOCK`).
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="masd-pg-write")
+        #: Write jobs run side by side, each in its own transaction (module docstring).
+        self._writer = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="masd-pg-write")
+        #: Write jobs submitted together may run in any order (:data:`WRITERS` at once).
+        self.concurrent_writes = True
+        self._cache: dict[str, object] = {}
         self._health = HealthWatch(self._label)
         self._closed = False
         self._stats = StoreStats()
         self._lock = threading.Lock()
         self.conflicts = 0  # runs rolled back by a race with another writer
         deferred_logs.install()
+
+    @staticmethod
+    def _open_pool(uri: str, kwargs: dict[str, Any], size: int, *, read: bool) -> ConnectionPool:
+        """A pool whose connections begin transactions as reads (``REPEATABLE READ, READ
+        ONLY``) or as writes (``READ COMMITTED``), in the ``BEGIN`` itself."""
+
+        used: dict[int, float] = {}
+
+        def returned(conn: psycopg.Connection[Any]) -> None:
+            used[id(conn)] = time.monotonic()
+
+        def check(conn: psycopg.Connection[Any]) -> None:
+            # A ping is a round trip: only for a connection idle long enough to have been
+            # dropped (a server restarted, a firewall's idle timeout).
+            if time.monotonic() - used.pop(id(conn), 0.0) > CHECK_IDLE_SECONDS:
+                ConnectionPool.check_connection(conn)
+
+        def configure(conn: psycopg.Connection[Any]) -> None:
+            if read:
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                conn.read_only = True
+            else:
+                conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+
+        pool = ConnectionPool(
+            uri,
+            kwargs=kwargs,
+            min_size=1,
+            max_size=size,
+            timeout=CONNECT_TIMEOUT,
+            open=False,
+            configure=configure,
+            check=check,
+            reset=returned,
+            name="masd-read" if read else "masd-write",
+        )
+        pool.open(wait=False)
+        return pool
 
     @classmethod
     def open(
@@ -262,40 +364,66 @@ class PgStore:
         return value
 
     def _transaction(self, fn: Callable[[Tx], T], *, read: bool) -> T:
-        with self._pool.connection() as conn:
-            if read:
-                return self._in_transaction(conn, fn, read=True)
-            # Every host's writers take turns (the module docstring says why): the
-            # lock is the session's, taken before the transaction's snapshot exists.
-            conn.execute(_WRITE_LOCK)
-            try:
-                return self._in_transaction(conn, fn, read=False)
-            finally:
-                with contextlib.suppress(psycopg.Error):  # a lost session holds nothing
-                    conn.execute(_WRITE_UNLOCK)
+        pool = self._pool if read else self._write_pool
+        ran = False  # the job ran to its end: COMMIT is sent as the block ends
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            with pool.connection() as conn:
+                if read:
+                    with conn.transaction():
+                        value = self._checked(fn(PgTx(conn, read=True, cache=self._cache)))
+                        ran = True
+                    return value
+                with conn.pipeline() as pipeline:
+                    # BEGIN and COMMIT as statements of the pipeline, answered when it ends
+                    # (an error of a statement whose result was not read is raised there):
+                    # psycopg's transaction block would wait for the server at both ends.
+                    conn.execute(_BEGIN)
+                    try:
+                        value = self._checked(fn(PgTx(conn, pipeline=pipeline, cache=self._cache)))
+                    except BaseException:
+                        if not conn.broken:
+                            with contextlib.suppress(psycopg.Error):
+                                conn.execute(_ROLLBACK)
+                        raise
+                    ran = True
+                    conn.execute(_COMMIT)
+                return value
+        except psycopg.OperationalError as exc:
+            # A connection that was lost before its COMMIT was sent committed nothing: the
+            # job is run again on another (the pool pings only connections long idle).
+            if not ran and conn is not None and conn.broken:
+                raise _Lost(str(exc)) from exc
+            raise
 
     @staticmethod
-    def _in_transaction(conn: psycopg.Connection[Any], fn: Callable[[Tx], T], *, read: bool) -> T:
-        with conn.transaction():
-            if read:
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            else:
-                conn.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-            value = fn(PgTx(conn, read=read))
-            if isinstance(value, types.GeneratorType | psycopg.Cursor):
-                raise StoreError(
-                    f"store job returned a lazy {type(value).__name__}; return a list instead"
-                )
-            return value
+    def _checked(value: T) -> T:
+        if isinstance(value, types.GeneratorType | psycopg.Cursor | _Pending):
+            raise StoreError(
+                f"store job returned a lazy {type(value).__name__}; return a list instead"
+            )
+        return value
 
     def _run(self, fn: Callable[[Tx], T], *, read: bool = False) -> T:
         """Run ``fn`` in a transaction of its own; again after a conflict (module docstring)."""
         what = "read" if read else "write"
+        lost = 0
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
                 value = self._attempt(fn, read=read)
+            except _Lost as exc:
+                lost += 1
+                if lost <= 1:
+                    continue
+                cause = exc.__cause__ or exc  # the driver's own error
+                if not read:
+                    self._count(failed=True)
+                    self._health.transaction(_reason(cause))
+                raise StoreError(f"store {self._label}: {what} failed: {_reason(cause)}") from cause
             except Exception as exc:
                 fault = POSTGRESQL.classify(exc)
+                if getattr(exc, "sqlstate", None) == _UNIQUE and attempt < UNIQUE_RETRIES:
+                    fault = Fault.CONFLICT  # a concurrent twin's key: run again to find it
                 if fault is Fault.CONFLICT and attempt < CONFLICT_RETRIES:
                     with self._lock:
                         self.conflicts += 1
@@ -367,6 +495,7 @@ class PgStore:
         self._writer.shutdown(wait=True)
         self._workers.shutdown(wait=True)
         self._pool.close()
+        self._write_pool.close()
 
     def __enter__(self) -> PgStore:
         return self

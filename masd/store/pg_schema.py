@@ -20,12 +20,12 @@ written for PostgreSQL 13 or later, so that one store's rows mean the same on ei
 
 What several hosts sharing one database need, and where it is:
 
-- **Case ids**: ``id_counters``, one row per (domain, type).  The store's upsert (``INSERT
-  ... ON CONFLICT DO UPDATE ... RETURNING``) takes the row's lock until its transaction ends,
-  so two hosts creating cases of one type get different numbers, and a rolled-back case
-  gives its number back, as on SQLite (numbers 1, 2, ... without gaps).  A PostgreSQL
-  sequence would not block, but would need a sequence per type, created when the type first
-  appears, and would lose the numbers of rolled-back cases.
+- **Case ids**: a sequence per (domain, type), made by ``masd_case_number`` (migration 6) when
+  the type opens its first case, starting where ``id_counters`` stood.  Taking a number waits
+  for no other transaction's commit, so hosts opening cases of one type at once do not take
+  turns; a job that rolls back leaves its number unused (a gap, never a number given twice).
+  ``id_counters`` keeps the numbers of migrations 1-5 and each type's row; ``case_counters``
+  shows it as the sequences have moved it, which is what ``masd db copy`` reads.
 - **Outbox leases**: ``outbox.claimed_by`` (the host sending the row) and
   ``outbox.claimed_until`` (epoch seconds; after it another host may take the row over:
   ``server.claim_timeout``), set and cleared together; ``outbox_claims`` finds expired leases.
@@ -34,9 +34,16 @@ What several hosts sharing one database need, and where it is:
   ``(peer, id)`` (``idempotency``), a thread entry's ``(case_key, seq)`` and a status's
   ``(handoff_id, n)`` are primary or unique keys, so a second host's insert conflicts
   (``ON CONFLICT``) instead of adding a second row.
-- **The event feed** reads ``thread.pos`` in order.  An identity value is taken at insert,
-  not at commit, so concurrent writers must serialize their thread inserts (a lock held to
-  commit) for positions to follow commit order; that is the backend's, not the schema's.
+- **The event feed** reads ``thread.pos`` in order, below a high-water mark.  An identity
+  value is taken at insert, not at commit, so positions from one could commit out of order;
+  since migration 6 each entry carries its writer's transaction id (``thread.xid``) and its
+  position is made from that id (``masd_thread_pos``: the id times 2^20, plus the entry's
+  place in its transaction), so that a reader that reads only entries whose writer's id is
+  below the oldest running transaction's (``pg_snapshot_xmin(pg_current_snapshot())``) sees
+  a position only once no transaction that could write an earlier one is open.
+  ``cases.thread_xid`` is the writer of a case's latest entry, so that the store keeps one
+  case's entries in its own order (masd/store/pg_backend.py).  Entries copied in by ``masd
+  db copy`` keep their positions, all below the new ones.
 
 Applied migrations are recorded in ``masd_migrations`` as on SQLite (:mod:`masd.store.pg_admin`
 applies them, one transaction each, under an advisory lock so that two hosts starting at once
@@ -47,9 +54,9 @@ they build (``tests/expected_schema_pg.sql``).
 
 from __future__ import annotations
 
-from masd.store.schema import ERASABLE_VERSION, Migration
+from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, Migration
 
-__all__ = ["BOUNCES", "ERASABLE", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
+__all__ = ["BOUNCES", "ERASABLE", "HOSTS_ADD_UP", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
 
 #: Migration 1, as released.
 INITIAL = """
@@ -277,10 +284,65 @@ ALTER TABLE thread DROP CONSTRAINT thread_kind_check;
 ALTER TABLE thread ADD CONSTRAINT thread_kind_check CHECK (kind IN ('case.erased', 'contract.in', 'contract.out', 'delivery.failed', 'mail.bounced', 'mail.in', 'mail.out', 'mail.refused', 'status'));
 """  # noqa: E501
 
+#: Migration 6, as released: what several hosts need to write at once (SQLite's migration 6
+#: records its version only).  Case numbers come from one sequence per (domain, type),
+#: made by ``masd_case_number`` when a type first opens a case (starting where
+#: ``id_counters`` stood), so that jobs opening cases of one type never wait on each other's
+#: commits; ``case_counters`` is ``id_counters`` as the sequences have moved it (what a copy
+#: reads).  A thread entry carries its writer's transaction id (``thread.xid``) and a
+#: position made from it (``masd_thread_pos``: the id times 2^20, plus the entry's place in
+#: its transaction), so that positions follow transaction ids; ``cases.thread_xid`` is the
+#: writer of a case's latest entry.  ``masd_raced`` fails a statement as a serialization
+#: failure (the job is run again), so that a check needs no result read back.
+HOSTS_ADD_UP = """
+CREATE FUNCTION masd_case_number(d TEXT, t TEXT) RETURNS BIGINT LANGUAGE plpgsql AS $$
+DECLARE
+    name TEXT := 'case_number_' || md5(d || chr(31) || t);
+BEGIN
+    IF to_regclass(name) IS NULL THEN
+        INSERT INTO id_counters (domain, type, next_n) VALUES (d, t, 1)
+            ON CONFLICT (domain, type) DO NOTHING;
+        EXECUTE format('CREATE SEQUENCE IF NOT EXISTS %I START WITH %s', name,
+            (SELECT next_n FROM id_counters WHERE domain = d AND type = t));
+    END IF;
+    RETURN nextval(name);
+END
+$$;
+
+CREATE VIEW case_counters AS
+    SELECT c.domain, c.type, GREATEST(c.next_n, COALESCE(pg_sequence_last_value(
+        to_regclass('case_number_' || md5(c.domain || chr(31) || c.type))) + 1, 1)) AS next_n
+    FROM id_counters c;
+
+CREATE FUNCTION masd_thread_pos() RETURNS BIGINT LANGUAGE plpgsql AS $$
+DECLARE
+    n BIGINT := COALESCE(NULLIF(current_setting('masd.thread_n', true), ''), '0')::bigint;
+BEGIN
+    IF n >= 1048576 THEN
+        RAISE EXCEPTION 'more than 1048576 thread entries in one transaction';
+    END IF;
+    PERFORM set_config('masd.thread_n', (n + 1)::text, true);
+    RETURN pg_current_xact_id()::text::bigint * 1048576 + n;
+END
+$$;
+
+CREATE FUNCTION masd_raced(what TEXT) RETURNS BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'serialization_failure', MESSAGE = what;
+END
+$$;
+
+ALTER TABLE thread ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();
+ALTER TABLE thread ALTER COLUMN pos DROP IDENTITY;
+ALTER TABLE thread ALTER COLUMN pos SET DEFAULT masd_thread_pos();
+ALTER TABLE cases ADD COLUMN thread_xid xid8;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
     Migration(3, "raw-last", RAW_LAST),
     Migration(4, "bounces", BOUNCES),
     Migration(ERASABLE_VERSION, "erasable", ERASABLE),
+    Migration(HOSTS_ADD_UP_VERSION, "hosts-add-up", HOSTS_ADD_UP),
 )

@@ -14,8 +14,8 @@ out again (a client that saw it would then miss the next one).
 
 from __future__ import annotations
 
-from masd.store.backend import FEED_LOCK
-from masd.store.sql import Tx, dialect, dumps, many, run, tuples, value
+from masd.store.backend import Raced
+from masd.store.sql import Tx, dialect, dumps, many, run, send, tuples, value
 
 #: What :func:`remove_case` removes, table by table (its counts' keys).
 TABLES = ("statuses", "handoffs", "thread", "messages", "intakes", "outbox", "cases")
@@ -91,19 +91,30 @@ def erase_case(tx: Tx, key: str, at: float) -> tuple[dict[str, int], int] | None
     position past all of theirs even when the case held the latest one (a
     client that saw that one still sees the entry).
     """
-    found = tuples(tx, "SELECT address, thread_seq FROM cases WHERE key = ?", (key,))
+    found = tuples(tx, _LOCK[dialect(tx).lock_rows], (key,))
     if not found:
         return None
     address, seq = str(found[0][0]), int(found[0][1])
-    if dialect(tx).lock_rows:
-        tuples(tx, f"SELECT pg_advisory_xact_lock({FEED_LOCK})")
-    run(
+    if not found[0][2]:
+        raise Raced(f"case {key}: an entry of a later transaction came first")
+    send(
         tx,
         "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, 'case.erased', ?, ?)",
         (key, seq + 1, float(at), dumps({"address": address})),
     )
     pos = int(value(tx, "SELECT pos FROM thread WHERE case_key = ? AND seq = ?", (key, seq + 1)))
     return remove_case(tx, key), pos
+
+
+#: The case's address and latest ``seq``; where several hosts write, its row locked and
+#: whether this transaction may write past its latest entry (masd.store.thread._BUMP).
+_LOCK = {
+    False: "SELECT address, thread_seq, 1 FROM cases WHERE key = ?",
+    True: (
+        "UPDATE cases SET thread_xid = GREATEST(thread_xid, pg_current_xact_id()) "
+        "WHERE key = ? RETURNING address, thread_seq, thread_xid = pg_current_xact_id()"
+    ),
+}
 
 
 def _outbox_ids(tx: Tx, key: str) -> set[int]:

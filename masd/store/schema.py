@@ -375,10 +375,20 @@ DROP TABLE thread;
 ALTER TABLE thread_v5 RENAME TO thread;
 """  # noqa: E501
 
+#: The version of the migration :data:`HOSTS_ADD_UP` (on both backends).
+HOSTS_ADD_UP_VERSION = 6
+
+#: Migration 6, as released: nothing changes on SQLite.  PostgreSQL's migration 6 gives
+#: case numbers a sequence per type and thread entries their writer's transaction id (what
+#: several hosts writing at once need); SQLite's one writer needs neither, and the version
+#: is recorded so that a store's version means the same on either kind.
+HOSTS_ADD_UP = "SELECT 1"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
     Migration(3, "raw-last", RAW_LAST),
     Migration(4, "bounces", BOUNCES),
     Migration(ERASABLE_VERSION, "erasable", ERASABLE),
+    Migration(HOSTS_ADD_UP_VERSION, "hosts-add-up", HOSTS_ADD_UP),
 )

@@ -70,8 +70,16 @@ def value(tx: Tx, sql: str, params: Sequence[Any] = ()) -> Any:
 
 
 def run(tx: Tx, sql: str, params: Sequence[Any] = ()) -> int:
-    """Run one statement; the number of rows it changed."""
+    """Run one statement; the number of rows it changed (waited for: a round trip of its
+    own where the database is across a network)."""
     return int(db(tx).execute(sql, tuple(params)).rowcount)
+
+
+def send(tx: Tx, sql: str, params: Sequence[Any] = ()) -> None:
+    """Run one statement whose count nobody reads: on PostgreSQL it goes out with the next
+    statement whose result is read (pipeline mode, masd/store/pg_backend.py), and an error
+    of its own is raised there, or at the commit."""
+    db(tx).execute(sql, tuple(params))
 
 
 @contextmanager

@@ -56,8 +56,11 @@ def find_bindir(root: Path = DEBIAN_ROOT) -> Path | None:
 class PostgresServer:
     """One private server; :meth:`start` it, then :meth:`stop` it (or use ``with``)."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, fsync: bool = False) -> None:
         self.bindir = bindir
+        #: ``fsync`` on: every commit flushed to disk, as a production server does (a
+        #: benchmark's choice); off by default, a throwaway cluster.
+        self.fsync = fsync
         self.password = secrets.token_urlsafe(18)
         self.port = 0
         self.root: Path | None = None
@@ -171,9 +174,14 @@ class PostgresServer:
 
     def _start_on(self, port: int) -> None:
         root = self._root()
+        durability = (
+            "-c fsync=on -c full_page_writes=on -c synchronous_commit=on"
+            if self.fsync
+            else "-c fsync=off -c full_page_writes=off"  # a throwaway cluster: no crash safety
+        )
         options = (
             f"-c listen_addresses=127.0.0.1 -c unix_socket_directories={self.socket_dir} "
-            "-c fsync=off -c full_page_writes=off"  # a throwaway cluster: no crash safety
+            f"{durability}"
         )
         self._run(
             "pg_ctl",

@@ -1,0 +1,269 @@
+"""A TCP proxy on loopback that counts round trips and can hold every packet a while.
+
+Between masd and its PostgreSQL server it shows what a database on another machine costs:
+:class:`TcpProxy` listens on ``127.0.0.1`` (a port picked as :mod:`masd.testing.net` picks
+them) and forwards every connection to ``target``, holding each chunk ``delay`` seconds in
+each direction (a rack's network: 1 ms each way), chunks kept in order.
+
+It counts **round trips**: the times a client sent something with nothing of its own
+outstanding, so that it then waits for the server's answer.  For PostgreSQL's protocol that
+is read from the messages themselves: a simple query (``Q``) or a pipeline's ``Sync`` (``S``)
+is outstanding until the server's ``ReadyForQuery`` (``Z``) for it, so the statements
+psycopg's pipeline mode sends before it waits are one trip, however the packets fall.  A
+connection that is not PostgreSQL's (or is encrypted) is counted by turns: a client's chunk
+after one of the server's starts a trip.  :attr:`TcpProxy.round_trips` is the total over
+every connection so far.
+
+It runs its own event loop on a thread of its own, so that a test, a benchmark or masd in
+another process can use it alike: ``with TcpProxy(("127.0.0.1", port)) as proxy:``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from masd.testing.net import free_port
+
+__all__ = ["TcpProxy"]
+
+_CHUNK: Final = 65536
+
+
+class TcpProxy:
+    """Forward ``127.0.0.1:port`` to ``target``; see the module docstring."""
+
+    def __init__(self, target: tuple[str, int], *, delay: float = 0.0) -> None:
+        self.target = target
+        self.delay = delay
+        self.port = 0
+        self._lock = threading.Lock()
+        self._trips = 0
+        self._connections = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def round_trips(self) -> int:
+        with self._lock:
+            return self._trips
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return self._connections
+
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+    # -- life ----------------------------------------------------------------------------
+
+    def start(self) -> TcpProxy:
+        self._thread = threading.Thread(target=self._serve, name="tcp-proxy", daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        self._loop = self._thread = None
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            self.port = free_port()
+            self._server = loop.run_until_complete(
+                asyncio.start_server(self._connect, "127.0.0.1", self.port)
+            )
+        except BaseException as exc:  # noqa: BLE001 - handed to start()
+            self._error = exc
+            self._ready.set()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            self._server.close()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
+
+    # -- one connection ------------------------------------------------------------------
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        with self._lock:
+            self._connections += 1
+        talk = _Conversation()
+        with contextlib.suppress(asyncio.CancelledError):  # the proxy stopping
+            await asyncio.gather(
+                self._pipe(reader, up_writer, talk.client),
+                self._pipe(up_reader, writer, talk.server),
+                return_exceptions=True,
+            )
+
+    async def _pipe(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        heard: Callable[[bytes], int],
+    ) -> None:
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        sender = asyncio.ensure_future(self._release(held, sink))
+        try:
+            while chunk := await source.read(_CHUNK):
+                trips = heard(chunk)
+                if trips:
+                    with self._lock:
+                        self._trips += trips
+                held.put_nowait((time.monotonic() + self.delay, chunk))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            held.put_nowait((0.0, b""))
+            with contextlib.suppress(BaseException):
+                await sender
+
+    @staticmethod
+    async def _release(
+        held: asyncio.Queue[tuple[float, bytes]], sink: asyncio.StreamWriter
+    ) -> None:
+        try:
+            while True:
+                due, chunk = await held.get()
+                if not chunk:
+                    break
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                sink.write(chunk)
+                await sink.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            sink.close()
+
+
+class _Conversation:
+    """One connection's messages, read as PostgreSQL's protocol while they parse as it."""
+
+    def __init__(self) -> None:
+        self.outstanding = 0  # queries and Syncs the server has not answered yet
+        self.parsed = True  # False: not PostgreSQL's protocol, counted by turns
+        self._client = _Frames(untyped=1)
+        self._server = _Frames(untyped=0)
+        self._last = "server"
+
+    def client(self, chunk: bytes) -> int:
+        trip = self._starts_trip()
+        self._last = "client"
+        if self.parsed:
+            kinds = self._client.feed(chunk)
+            if kinds is None or (self._client.ssl_asked and not self._server.ssl_answered):
+                self._server.expect_ssl_answer = self._client.ssl_asked
+            if kinds is None:
+                self.parsed = False
+            else:
+                self.outstanding += sum(k in (b"Q", b"S") for k in kinds)
+        return trip
+
+    def server(self, chunk: bytes) -> int:
+        self._last = "server"
+        if self.parsed:
+            kinds = self._server.feed(chunk)
+            if kinds is None or self._server.encrypted:
+                self.parsed = False
+            else:
+                self.outstanding = max(0, self.outstanding - kinds.count(b"Z"))
+        return 0
+
+    def _starts_trip(self) -> int:
+        if self.parsed and not self._client.startup_done:
+            return int(self._last == "server")
+        if self.parsed:
+            return int(self.outstanding == 0)
+        return int(self._last == "server")
+
+
+_SSL_REQUEST: Final = 80877103
+_GSS_REQUEST: Final = 80877104
+
+
+class _Frames:
+    """Messages of one direction: a type byte and a length (the client's first ones untyped)."""
+
+    def __init__(self, *, untyped: int) -> None:
+        self._buffer = b""
+        self._untyped = untyped
+        self.startup_done = untyped == 0
+        self.ssl_asked = False
+        self.ssl_answered = False
+        self.expect_ssl_answer = False
+        self.encrypted = False
+
+    def feed(self, chunk: bytes) -> list[bytes] | None:
+        """The kinds of the messages ``chunk`` completes; None when it is not the protocol."""
+        self._buffer += chunk
+        kinds: list[bytes] = []
+        while self._buffer:
+            if self.expect_ssl_answer and not self.ssl_answered:
+                answer, self._buffer = self._buffer[:1], self._buffer[1:]
+                self.ssl_answered = True
+                self.encrypted = answer in (b"S", b"G")
+                if self.encrypted:
+                    return None
+                continue
+            if self._untyped:
+                if len(self._buffer) < 8:
+                    break
+                length = int.from_bytes(self._buffer[:4], "big")
+                if length < 8 or len(self._buffer) < length:
+                    break
+                code = int.from_bytes(self._buffer[4:8], "big")
+                self._buffer = self._buffer[length:]
+                if code in (_SSL_REQUEST, _GSS_REQUEST):
+                    self.ssl_asked = True
+                else:
+                    self._untyped = 0
+                    self.startup_done = True
+                continue
+            if len(self._buffer) < 5:
+                break
+            kind = self._buffer[:1]
+            length = int.from_bytes(self._buffer[1:5], "big")
+            if length < 4 or not kind.isalpha():
+                return None
+            if len(self._buffer) < 1 + length:
+                break
+            self._buffer = self._buffer[1 + length :]
+            kinds.append(kind)
+        return kinds

@@ -1,0 +1,58 @@
+"""Round trips to PostgreSQL on a delivered mail's path, counted by a proxy on loopback.
+
+A database on another machine costs a network round trip per turn of masd's conversation with
+it, whatever the statements do: a delivered mail (a new case, its acknowledgement queued) is
+held to at most :data:`MOST` round trips, counted by :class:`masd.testing.tcp_proxy.TcpProxy`
+between the store and the private server (write jobs run in pipeline mode: only a statement
+whose result the job reads waits for the server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.postgres import Database, postgres, postgres_server  # noqa: F401
+from support.ticket import write_ticket_config
+from test_deliver_cost import Rig, message
+
+from masd.store.pg_admin import migrate as pg_migrate
+from masd.store.pg_backend import PgStore
+from masd.store.sql import tuples
+from masd.testing.tcp_proxy import TcpProxy
+
+#: Round trips a delivered mail may cost today: one per result its job reads, and the
+#: commit (docs/performance.md lists them).
+MOST = 6
+
+
+@pytest.fixture
+def counted(postgres: Database) -> Iterator[tuple[PgStore, TcpProxy]]:  # noqa: F811
+    pg_migrate(postgres.uri, postgres.password)
+    port = int(postgres.uri.rsplit(":", 1)[1].split("/", 1)[0])
+    with TcpProxy(("127.0.0.1", port)) as proxy:
+        uri = f"postgresql://masd@127.0.0.1:{proxy.port}/{postgres.name}"
+        with PgStore(uri, password=postgres.password) as store:
+            yield store, proxy
+
+
+def test_a_delivered_mail_costs_a_bounded_number_of_round_trips(
+    tmp_path: Path, counted: tuple[PgStore, TcpProxy]
+) -> None:
+    store, proxy = counted
+    config = write_ticket_config(tmp_path, ticket="acknowledge = true")
+    rig = Rig(config)
+    for n in range(2):  # connections opened, the bounce secret made and then kept
+        rig.deliver(store, message(message_id=f"<warm-{n}@example.com>"))
+    costs = []
+    for n in range(5):
+        before = proxy.round_trips
+        _, key = rig.deliver(store, message(message_id=f"<m-{n}@example.com>"))
+        costs.append(proxy.round_trips - before)
+    kinds = store.read_sync(
+        lambda tx: tuples(tx, "SELECT kind FROM thread WHERE case_key = ? ORDER BY seq", (key,))
+    )
+    print(f"\nround trips per delivered mail: {costs}; its thread {kinds}")
+    assert ("mail.in",) in kinds
+    assert max(costs) <= MOST, costs
