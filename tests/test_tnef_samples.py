@@ -91,7 +91,7 @@ def test_every_file_masd_serves_is_what_tnef_extracts(tmp_path: Path) -> None:
         assert [a.sha256 for a in listed] == [sha(d) for d in served], sample.name
         assert Counter(map(sha, served)) == Counter(map(sha, theirs)), sample.name
         compared += len(theirs)
-    assert compared == 27  # the files tnef extracts from tnefparse 1.4.0's samples
+    assert compared == 28  # the files tnef extracts from tnefparse 1.4.0's samples
 
 
 def test_files_ending_in_nul_bytes_keep_them() -> None:
