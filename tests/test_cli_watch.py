@@ -332,6 +332,11 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
     assert code == 2
     assert "no recipient at a configured domain (help.example); give --rcpt" in err
     assert not store.exists()
+    # A case address is looked up in the store: without one, explain says so and creates none.
+    code, out, err = _explain(tmp_path, config, intake, "--rcpt", "ticket=ticket-3@help.example")
+    assert code == 1
+    assert f"is looked up in the store, and there is no store at {store}" in err
+    assert not store.exists()
 
 
 def test_explain_refuses_as_the_lmtp_listener_does(tmp_path: Path) -> None:

@@ -416,6 +416,11 @@ def explain(
     with contextlib.ExitStack() as stack:
 
         def read(fn: Callable[[Tx], T], /) -> T:  # the store, opened when first asked
+            database = config.server.database
+            if isinstance(database, Path) and not database.exists():
+                said = f"masd: {rcpt} is looked up in the store, and there is no store at"
+                click.echo(f"{said} {database} (server.database)", err=True)
+                raise SystemExit(1)
             if not opened:
                 opened.append(stack.enter_context(_read_store(config)))
             return opened[0].read_sync(fn)
