@@ -15,9 +15,13 @@ from support.masd_process import ROOT, WAIT, mx_mail, write_master_config
 from support.watch import ANN, BOB, Watched, watched
 
 from masd.config import load_config
+from masd.core.address import parse_address
+from masd.core.engine import CaseView
 from masd.edges.lmtp import check_address
 from masd.edges.lmtp_replies import Replies
 from masd.ops.explain import default_recipient, explain
+from masd.store import open_store
+from masd.store.cases import create as create_case
 
 NOW = 1_790_000_000.0
 
@@ -163,13 +167,26 @@ def _explain(run_dir: Path, config: Path, raw: bytes, *args: str) -> tuple[int, 
     return done.returncode, done.stdout, done.stderr
 
 
-def _json_of(run_dir: Path, config: Path, raw: bytes, *args: str) -> dict[str, Any]:
-    """``masd explain --json`` in this process: the same function on the same input."""
-    del run_dir
+def _json_of(
+    run_dir: Path, config: Path, raw: bytes, *args: str, cases: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``masd explain --json`` in this process: the same function on the same input; a
+    case or bounce address is looked up in a store of its own holding ``cases`` (keys of
+    cases whose participant is Ann)."""
     loaded = load_config(config)
     rcpt = args[args.index("--rcpt") + 1] if "--rcpt" in args else default_recipient(raw, loaded)
     assert rcpt is not None
-    doc: dict[str, Any] = json.loads(json.dumps(explain(loaded, raw, rcpt, now=NOW).json()))
+    with open_store(str(run_dir / "seeded.db")) as store:
+        for key in cases:
+            addr = parse_address(key, delimiter="+", domains=loaded.domains)
+            role = "slave" if addr.type == "case" else "master"
+            view = CaseView(
+                addr.key, addr.canonical, addr.domain, addr.type, addr.id or "", role, ANN
+            )
+            store.write_sync(lambda tx, view=view: create_case(tx, view, NOW))  # type: ignore[misc]
+        found = explain(loaded, raw, rcpt, now=NOW, read=store.read_sync)
+    doc: dict[str, Any] = json.loads(json.dumps(found.json()))
+    (run_dir / "seeded.db").unlink()
     return doc
 
 
@@ -259,8 +276,10 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
     assert len(doc["trust"]["authentication_results"]) == 1
     assert doc["trust"]["dmarc"] == "fail"
 
-    case = _json_of(tmp_path, config, intake, "--rcpt", "ticket=ticket-7@help.example")
-    assert any("ticket=ticket-7@help.example exists" in a for a in case["assumed"])
+    key = "ticket=ticket-7@help.example"
+    case = _json_of(tmp_path, config, intake, "--rcpt", key, cases=(key,))
+    assert not any("exists" in a for a in case["assumed"])  # the store said so
+    assert case["participant"] == ANN
     assert case["would"][0] == {
         "do": "thread",
         "kind": "mail.in",
@@ -299,8 +318,12 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
             "requested_mode": None,
         }
     ]
-    doc = _json_of(tmp_path, config, intake, "--rcpt", "case=CRM-7@help.example")
-    assert [w["do"] for w in doc["would"]] == ["thread", "send-contract"]
+    absent = _json_of(tmp_path, config, intake, "--rcpt", "ticket=ticket-8@help.example")
+    assert absent["lmtp"] == "550 5.1.1 id: no case ticket=ticket-8@help.example"
+    assert absent["would"] == []
+    crm7 = "case=CRM-7@help.example"
+    doc = _json_of(tmp_path, config, intake, "--rcpt", crm7, cases=(crm7,))
+    assert [w["do"] for w in doc["would"]] == ["thread", "send-contract"], doc
     assert doc["would"][1]["type"] == "case.message"
     assert "the case has its type's default policy" in doc["assumed"]
 
@@ -308,6 +331,11 @@ def test_explain_is_a_dry_run_of_one_delivery(tmp_path: Path) -> None:
     code, out, err = _explain(tmp_path, config, nowhere)
     assert code == 2
     assert "no recipient at a configured domain (help.example); give --rcpt" in err
+    assert not store.exists()
+    # A case address is looked up in the store: without one, explain says so and creates none.
+    code, out, err = _explain(tmp_path, config, intake, "--rcpt", "ticket=ticket-3@help.example")
+    assert code == 1
+    assert f"is looked up in the store, and there is no store at {store}" in err
     assert not store.exists()
 
 

@@ -8,18 +8,21 @@ once; when no masd answers they change the store themselves.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from masd.cli.common import CONFIG, DEFAULT_CONFIG, load
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from masd.cli.admin_client import Answer
     from masd.config import Config
     from masd.service import Runtime
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 #: How often ``masd tail --follow`` looks for new events.
 TAIL_POLL_SECONDS = 0.25
 OUTBOX_PATH = "/mas/v0.1/admin/outbox"
+T = TypeVar("T")
 
 
 def _read_store(config: Config) -> StoreHandle:
@@ -392,13 +396,15 @@ def explain(
 ) -> None:
     """What masd would do with the mail in FILE (- for stdin), as a dry run.
 
-    Touches neither the store nor the network: the recipient as parsed, the
-    trusted headers and the Authentication-Results chosen, the DMARC verdict,
-    automated or not and why, the participant, the send caps, and what masd
-    would do (open a case, hand off, acknowledge, refuse, with the reason).
-    What only the store knows is assumed, and said. Without --rcpt the first
-    Delivered-To, X-Original-To, To or Cc address at a configured domain.
-    FILE must be a regular file; it is read up to server.max_message_bytes.
+    Writes nothing and sends nothing: the LMTP answer, decided as the LMTP
+    listener decides it (a case or bounce address is looked up in the store,
+    opened read-only), the recipient as parsed, the trusted headers and the
+    Authentication-Results chosen, the DMARC verdict, automated or not and why,
+    the participant, the send caps, and what masd would do (open a case, hand
+    off, acknowledge, record a bounce, refuse, with the reason). What is still
+    assumed is said. Without --rcpt the first Delivered-To, X-Original-To, To or
+    Cc address at a configured domain. FILE must be a regular file; it is read
+    up to server.max_message_bytes.
     """
     from masd.clock import Clock
     from masd.ops.explain import MailFileError, default_recipient, format_explained, read_mail
@@ -415,7 +421,20 @@ def explain(
         domains = ", ".join(sorted(config.domains)) or "(none)"
         click.echo(f"masd: no recipient at a configured domain ({domains}); give --rcpt", err=True)
         raise SystemExit(2)
-    found = run(config, raw, rcpt, mail_from=mail_from, now=Clock().now())
+    with contextlib.ExitStack() as stack:
+
+        def read(fn: Callable[[Tx], T], /) -> T:  # the store, opened when first asked
+            database = config.server.database
+            if isinstance(database, Path) and not database.exists():
+                said = f"masd: {rcpt} is looked up in the store, and there is no store at"
+                click.echo(f"{said} {database} (server.database)", err=True)
+                raise SystemExit(1)
+            if not opened:
+                opened.append(stack.enter_context(_read_store(config)))
+            return opened[0].read_sync(fn)
+
+        opened: list[StoreHandle] = []
+        found = run(config, raw, rcpt, mail_from=mail_from, now=Clock().now(), read=read)
     if as_json:
         _json(found.json())
     else:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from masd.core.errors import EventError
-from masd.core.htmltext import defuse as _defuse  # noqa: F401  (tests read it here)
 from masd.core.mime import MAX_CONTENT_TYPE, MAX_FILENAME, decode_words, parse_headers
 from masd.core.mime import cap as _cap
 from masd.core.mime import entity_at as _entity_at

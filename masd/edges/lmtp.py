@@ -3,7 +3,9 @@
 Recipients are checked at RCPT so Postfix can refuse at SMTP time; the mail
 is recorded per recipient at DATA, each in its own store job, concurrently.
 The session itself (aiosmtpd's LMTP, with masd's fixes) is
-:mod:`masd.edges.lmtp_session`; the replies are :mod:`masd.edges.lmtp_replies`.
+:mod:`masd.edges.lmtp_session`; the replies are :mod:`masd.edges.lmtp_replies`; the
+recipient decision, shared with the policy and milter listeners and ``masd explain``,
+is :mod:`masd.edges.lmtp_recipient`.
 
 At most ``server.max_lmtp_sessions`` sessions are open at once: one more is
 answered ``421 4.3.2`` when it connects and closed (:mod:`masd.edges.limits`).
@@ -26,7 +28,7 @@ from typing import Final
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from masd import service
-from masd.config import Config, Listen
+from masd.config import Listen
 from masd.core.address import Address, parse_address
 from masd.core.bounce import split_bounce
 from masd.core.errors import AddressError, MasdError
@@ -35,6 +37,7 @@ from masd.edges.accept import AcceptServer
 from masd.edges.bounce_reader import BounceReader, Busy
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
+from masd.edges.lmtp_recipient import _undecodable, check_address, check_recipient
 from masd.edges.lmtp_replies import (
     MAX_DETAIL,
     RecipientReplies,
@@ -45,10 +48,9 @@ from masd.edges.lmtp_replies import (
 from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
 from masd.logs import shown
-from masd.service import Runtime, UnknownCase, bounce_mail
-from masd.service.bounce_mail import tag_verifies
+from masd.service import UnknownCase, bounce_mail
 from masd.service.trust_watch import TrustWatch
-from masd.store import StoreError, StoreHandle
+from masd.store import StoreError
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -91,11 +93,6 @@ def received_at(now: float) -> str:
         .isoformat(timespec="milliseconds")
         .replace("+00:00", "Z")
     )
-
-
-def _undecodable(address: str) -> bool:
-    """aiosmtpd hands on bytes that are not UTF-8 as lone surrogates."""
-    return not address.isascii() and any("\udc80" <= ch <= "\udcff" for ch in address)
 
 
 def _sender(mail_from: str | None) -> str:
@@ -343,59 +340,6 @@ class LmtpHandler:
     async def close(self) -> None:
         """After the last recording: end the bounce reader's process."""
         await self.bounces.close()
-
-
-def check_address(config: Config, rcpt: str) -> tuple[ReplyCode, str, Address | None]:
-    """What the configuration alone says of ``rcpt`` at RCPT (docs/protocol.md §3).
-
-    The reply (``RECIPIENT_OK`` when the address parses and its type is
-    configured), its text, and the address once it parsed.  Whether a case
-    address names a case is the store's to say (:func:`check_recipient`);
-    ``masd explain`` asks this, so its verdict is the listener's.
-    """
-    if _undecodable(rcpt):
-        return Replies.BAD_ADDRESS, f"address: {rcpt!r} is not UTF-8", None
-    delimiter = config.server.recipient_delimiter
-    # A bounce address is the case address with its tag (docs/protocol.md §22).
-    split = split_bounce(rcpt, delimiter)
-    try:
-        addr = parse_address(
-            split.address if split else rcpt, delimiter=delimiter, domains=config.domains
-        )
-    except AddressError as exc:
-        return address_refusal(exc), exc.detail, None
-    if config.type_for(addr.domain, addr.type) is None:
-        return Replies.UNKNOWN_TYPE, f"type: no type {addr.type!r} at {addr.domain}", addr
-    return Replies.RECIPIENT_OK, f"{addr.canonical} ok", addr
-
-
-async def check_recipient(rt: Runtime, store: StoreHandle, rcpt: str) -> tuple[ReplyCode, str]:
-    """docs/protocol.md §3 at RCPT: would a mail to ``rcpt`` be recorded?  Never raises.
-
-    The reply masd gives at LMTP RCPT, and the one the policy listener turns
-    into a Postfix access action, so both refuse the same recipients.
-    """
-    reply, text, addr = check_address(rt.config, rcpt)
-    if reply is not Replies.RECIPIENT_OK or addr is None:
-        return reply, text
-    split = split_bounce(rcpt, rt.config.server.recipient_delimiter)
-    if split is not None and addr.kind != "resource":
-        return Replies.UNKNOWN_CASE, "bounce address: names no case"
-    if addr.kind == "resource":
-        try:
-            if split is None:
-                exists = await store.read(lambda db: service.case_exists(db, addr.key))
-            else:
-                tag = split.tag
-                exists = await store.read(lambda db: tag_verifies(db, addr.key, tag))
-        except Exception:
-            log.exception("rcpt=%s key=%s store fault at RCPT", rcpt, addr.key)
-            return Replies.FAULT, "store unavailable, try again later"
-        if not exists and split is not None:
-            return Replies.UNKNOWN_CASE, f"bounce address of {addr.canonical}: tag does not verify"
-        if not exists:
-            return Replies.UNKNOWN_CASE, f"id: no case {addr.canonical}"
-    return Replies.RECIPIENT_OK, f"{addr.canonical} ok"
 
 
 def new_message_ref(now: float) -> str:

@@ -1,16 +1,20 @@
 """What masd would do with one mail, without doing it (``masd explain FILE.eml``).
 
-A dry run of one LMTP delivery through the same pure functions a real one
-goes through: the recipient checked as the LMTP listener checks it
-(:func:`masd.edges.lmtp.check_address`, :func:`masd.edges.lmtp_replies.size_refusal`),
+A dry run of one LMTP delivery through the code a real one goes through: the
+recipient decided by the LMTP listener's own check
+(:func:`masd.edges.lmtp_recipient.recipient_check`, its store question put to
+the store read-only), the size by :func:`masd.edges.lmtp_replies.size_refusal`,
 the mail read with its trust verdicts (:func:`masd.core.event.build_event`,
-:func:`masd.core.trust.trusted_block`), the role engine's effects
-(:func:`masd.core.engine.master_mail`, :mod:`masd.core.slave`), and each send
-through Principle 10 (:func:`masd.core.principle10.decide_send`).  It reads
-neither the store nor the network, so what those would tell is assumed and
-said: a case address names a case that exists, whose participant is the
-sender and which has no open handoff; no mail has been sent on it yet (the
-send caps count from zero); a slave case has its type's default policy.
+:func:`masd.core.trust.trusted_block`), a mail to a bounce address read as the
+bounce reader reads it (:func:`masd.service.bounce_mail.read`) and its tag
+checked as delivery checks it (:func:`masd.service.bounce_mail.check`), the
+role engine's effects (:func:`masd.core.engine.master_mail`,
+:mod:`masd.core.slave`) on the case as the store holds it, and each send
+through Principle 10 (:func:`masd.core.principle10.decide_send`).  It writes
+nothing and sends nothing; the store is opened only when the recipient is a
+case or bounce address.  What is still assumed is said: no mail has been sent
+on the case yet (the send caps count from zero); a slave case has its type's
+default policy; the mail is not a repeat of one already recorded.
 """
 
 from __future__ import annotations
@@ -42,9 +46,12 @@ from masd.core.rfc5322 import mailboxes
 from masd.core.slave import slave_intake, slave_mail
 from masd.core.times import rfc3339
 from masd.core.trust import trusted_block
-from masd.edges.lmtp import check_address
+from masd.edges.lmtp_recipient import RecipientCheck, SyncReader, check_recipient_sync
 from masd.edges.lmtp_replies import Replies, size_refusal
-from masd.service import Runtime
+from masd.service import Runtime, bounce_mail
+from masd.service.runtime import Job
+from masd.service.state import load_case
+from masd.store import Tx, bounces
 
 #: The id a new case would get, shown in its place (the next number is in the store).
 NEW_ID = "N"
@@ -129,13 +136,25 @@ def default_recipient(raw: bytes, config: Config) -> str | None:
     return None
 
 
+def _no_store(fn: Callable[[Tx], Any], /) -> Any:
+    raise RuntimeError("no store was given to read")
+
+
 def explain(
-    config: Config, raw: bytes, rcpt: str, *, mail_from: str | None = None, now: float
+    config: Config,
+    raw: bytes,
+    rcpt: str,
+    *,
+    mail_from: str | None = None,
+    now: float,
+    read: SyncReader = _no_store,
 ) -> Explained:
     """Explain the delivery of ``raw`` to ``rcpt`` (envelope sender ``mail_from``,
-    by default the mail's From)."""
+    by default the mail's From); ``read`` reads the store (only for a case or bounce
+    address, as the LMTP listener does)."""
     shown: dict[str, Any] = {"address": rcpt}
-    reply, text, addr = check_address(config, rcpt)
+    check, reply, text = check_recipient_sync(config, read, rcpt)
+    addr = check.addr
     if addr is not None:
         shown.update(_parsed(addr))
     typ = None if addr is None else config.type_for(addr.domain, addr.type)
@@ -155,18 +174,73 @@ def explain(
         trust=rt.trust(),
     )
     out = Explained(shown, Replies.RECORDED.line("would be recorded"))
-    out.mail = _mail(mail)
-    out.trust = _trust(raw, mail, rt)
-    out.automated = {"is": mail.automation.is_automated, "reason": mail.automation.reason}
     out.caps = {
         "per_case": typ.send_cap.per_case,
         "per_recipient_per_day": typ.send_cap.per_recipient_per_day,
     }
-    effects, case = _effects(rt, addr, mail, out, now)
+    effects, case, mail = _delivery(rt, check, read, mail, raw, out, now)
+    out.mail = _mail(mail)
+    out.trust = _trust(raw, mail, rt)
+    out.automated = {"is": mail.automation.is_automated, "reason": mail.automation.reason}
     out.participant = case.participant if case is not None else None
     caps = Caps(typ.send_cap.per_case, typ.send_cap.per_recipient_per_day)
-    out.would = [_effect(e, mail, caps) for e in effects]
+    out.would[:0] = [_effect(e, mail, caps) for e in effects]
     return out
+
+
+@dataclass(frozen=True)
+class _Found:
+    """What the store holds for a case or bounce address, read in one transaction."""
+
+    case: CaseView | None
+    outbox_id: int | None = None
+    sent: tuple[int, str] | None = None
+
+
+def _read_case(
+    rt: Runtime, tx: Tx, check: RecipientCheck, raw: bytes, done: bounce_mail.Read, now: float
+) -> tuple[_Found, bounce_mail.Read]:
+    assert check.addr is not None
+    case = load_case(rt, tx, check.addr.key)
+    if case is None or check.bounce is None:
+        return _Found(case), done
+    outbox_id, report = bounce_mail.check(Job(rt, tx, now), case, check.bounce, raw, done)
+    sent = bounces.mail_out(tx, case.key, outbox_id)
+    return _Found(case, outbox_id, sent), bounce_mail.Read(report)
+
+
+def _delivery(
+    rt: Runtime,
+    check: RecipientCheck,
+    read: SyncReader,
+    mail: ParsedMail,
+    raw: bytes,
+    out: Explained,
+    now: float,
+) -> tuple[list[Effect], CaseView | None, ParsedMail]:
+    """What delivery does at DATA (masd.service.intake.deliver's branches): the effects,
+    the case, and the mail as it is recorded (a bounce address's no-bounce: automated)."""
+    addr = check.addr
+    assert addr is not None
+    if addr.kind != "resource":
+        return *_effects(rt, addr, mail, None, out, now), mail
+    # The bounce reader's reading, before the store job, as at the LMTP edge.
+    done = bounce_mail.read(raw) if check.bounce is not None else bounce_mail.Read(None)
+    found, done = read(lambda tx: _read_case(rt, tx, check, raw, done, now))
+    if found.case is None:  # erased since RCPT: delivery would answer 550 too
+        out.lmtp = Replies.UNKNOWN_CASE.line(f"no case {addr.key}")
+        return [], None, mail
+    case = found.case
+    if check.bounce is None:
+        return *_effects(rt, addr, mail, case, out, now), mail
+    if done.report is None:
+        mail = bounce_mail.automated_as(mail, bounce_mail.NOT_A_BOUNCE)
+        return *_effects(rt, addr, mail, case, out, now), mail
+    entry = bounce_mail.bounced_entry(found.sent, mail.event.message_ref, done.report)
+    effects: list[Effect] = [Thread("mail.bounced", entry)]
+    if found.sent and done.report.permanent:  # it failed for good: suppressed
+        out.would.append({"do": "suppress", "address": found.sent[1]})
+    return effects + bounce_mail.told_master(rt, case, mail), case, mail
 
 
 def _parsed(addr: Address) -> dict[str, Any]:
@@ -221,21 +295,16 @@ def _trust(raw: bytes, mail: ParsedMail, rt: Runtime) -> dict[str, Any]:
 
 
 def _effects(
-    rt: Runtime, addr: Address, mail: ParsedMail, out: Explained, now: float
+    rt: Runtime,
+    addr: Address,
+    mail: ParsedMail,
+    case: CaseView | None,
+    out: Explained,
+    now: float,
 ) -> tuple[list[Effect], CaseView | None]:
-    """The engine's effects, on the state assumed (see the module)."""
+    """The engine's effects on ``case`` (None: the address opens one)."""
     view = rt.type_view(addr.domain, addr.type)
     ctx = rt.context(now)
-    sender = mail.event.from_address
-    case: CaseView | None = None
-    if addr.kind == "resource":
-        out.assumed.append(
-            f"case {addr.canonical} exists (else 550 5.1.1 unknown-case), its participant is "
-            f"{sender or 'the sender'} and it has no open handoff"
-        )
-        case = CaseView(
-            addr.key, addr.canonical, addr.domain, addr.type, addr.id or "", view.role, sender
-        )
     if view.role == "slave":
         master = rt.master_of(addr.domain, addr.type)
         if case is None:
@@ -296,9 +365,13 @@ def _effect(e: Effect, mail: ParsedMail, caps: Caps) -> dict[str, Any]:
     return {"do": name}
 
 
+_BRIEF: Final = ("from", "subject", "dmarc", "automated", "requested_mode", "type")
+#: and of a mail.bounced entry
+_BRIEF_BOUNCE: Final = ("recipient", "status", "permanent", "claimed_recipient")
+
+
 def _brief(data: Mapping[str, Any]) -> dict[str, Any]:
-    keep = ("from", "subject", "dmarc", "automated", "requested_mode", "type")
-    return {k: data[k] for k in keep if k in data}
+    return {k: data[k] for k in (*_BRIEF, *_BRIEF_BOUNCE) if k in data}
 
 
 # --------------------------------------------------------------------------- text
@@ -327,6 +400,8 @@ def _line(w: Mapping[str, Any]) -> str:
         return f"status {w['status']} by {w['source']}{reason}"
     if do == "send-contract":
         return f"send {w['type']} to {w['to']} at {w['url']}"
+    if do == "suppress":
+        return f"suppress {w['address']} (masd's own mail to it refused for server.suppress_for)"
     return str(do)
 
 
@@ -359,5 +434,5 @@ def format_explained(x: Explained) -> str:
         *(f"  - {_line(w)}" for w in x.would),
     ]
     if x.assumed:
-        lines += ["assumed (a dry run reads no store)", *(f"  - {s}" for s in x.assumed)]
+        lines += ["assumed (what a dry run cannot know)", *(f"  - {s}" for s in x.assumed)]
     return "\n".join(lines) + "\n"

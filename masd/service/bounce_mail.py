@@ -146,7 +146,7 @@ def receive(
         )
         bounces.suppress(job.tx, row)
     append_thread(
-        job.tx, case.key, "mail.bounced", _entry(sent, ev.message_ref, report), at=job.now
+        job.tx, case.key, "mail.bounced", bounced_entry(sent, ev.message_ref, report), at=job.now
     )
     log.info(
         "bounce case=%s mail=%s status=%s permanent=%s",
@@ -156,15 +156,22 @@ def receive(
         report.permanent,
         extra={"case": case.key, "message_ref": ev.message_ref},
     )
+    return told_master(job.rt, case, mail)
+
+
+def told_master(rt: Runtime, case: CaseView, mail: ParsedMail) -> list[Effect]:
+    """A bounce on a slave case is told to its master as ``case.message``; none else."""
     if case.role != "slave":
         return []
-    master = job.rt.master_of(case.domain, case.type)
+    master = rt.master_of(case.domain, case.type)
     told = automated_as(mail, BOUNCE).event
-    message = case_message(case, ev.message_ref, told.to_json())
+    message = case_message(case, mail.event.message_ref, told.to_json())
     return [SendContract(master.peer, master.url, message)]
 
 
-def _entry(sent: tuple[int, str] | None, message_ref: str, report: BounceReport) -> dict[str, Any]:
+def bounced_entry(
+    sent: tuple[int, str] | None, message_ref: str, report: BounceReport
+) -> dict[str, Any]:
     """The ``mail.bounced`` entry.  Its ``recipient`` is the one the tag names (the mail's
     own, which anyone who mails the case can learn): what the report claims failed is only
     ``claimed_recipient``, given when it names another address, and suppresses nothing."""
