@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -27,11 +26,10 @@ from typing import Any
 import psycopg
 import pytest
 from support.masd_process import MasdProcess, MasterSetup, mx_mail, write_master_config
-from support.postgres import Database, postgres_server  # noqa: F401
+from support.postgres import Database, postgres_server, two_hosts  # noqa: F401
 from support.postgres import postgres as postgres
 
 from masd.testing import lmtpclient
-from masd.testing.net import free_ports
 from masd.testing.wait import wait_until
 
 pytestmark = [pytest.mark.fault]
@@ -187,7 +185,7 @@ def test_postgresql_a_host_killed_after_the_relays_250_is_not_sent_again_by_anot
 ) -> None:
     async def scenario() -> None:
         async with Relay() as relay:
-            a, b = two_hosts(tmp_path, postgres, relay.port)
+            a, b = hosts(tmp_path, postgres, relay.port)
             rows = pg_rows(postgres)
             host_a = MasdProcess(a.config, tmp_path / "a.log")
             host_b = MasdProcess(b.config, tmp_path / "b.log")
@@ -199,25 +197,11 @@ def test_postgresql_a_host_killed_after_the_relays_250_is_not_sent_again_by_anot
     asyncio.run(scenario())
 
 
-def two_hosts(directory: Path, db: Database, smtp_port: int) -> tuple[MasterSetup, MasterSetup]:
-    first = write_master_config(
-        directory / "a", endpoint_url="http://127.0.0.1:9/mas", smtp_port=smtp_port
+def hosts(directory: Path, db: Database, smtp_port: int) -> tuple[MasterSetup, MasterSetup]:
+    return two_hosts(
+        directory,
+        db,
+        endpoint_url="http://127.0.0.1:9/mas",
+        smtp_port=smtp_port,
+        server_lines='claim_timeout = "2s"\n',
     )
-    password = directory / "a" / "secrets" / "db.password"
-    password.write_text(db.password + "\n")
-    password.chmod(0o600)
-    text = first.config.read_text().replace(
-        'database = "masd.db"\n',
-        f'database = "{db.uri}"\ndatabase_password_file = "secrets/db.password"\n'
-        'claim_timeout = "2s"\n',
-    )
-    first.config.write_text(text)
-    shutil.copytree(directory / "a", directory / "b")
-    lmtp, http = free_ports(2)
-    second = directory / "b" / "masd.toml"
-    second.write_text(
-        text.replace(f"127.0.0.1:{first.lmtp_port}", f"127.0.0.1:{lmtp}").replace(
-            f"127.0.0.1:{first.http_port}", f"127.0.0.1:{http}"
-        )
-    )
-    return first, MasterSetup(second, lmtp, http, first.admin_token, first.endpoint_token)

@@ -18,7 +18,6 @@ import csv
 import json
 import re
 import secrets
-import shutil
 import socket
 import ssl
 import subprocess
@@ -29,8 +28,8 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from support.masd_process import MasdProcess, MasterSetup, mx_mail, write_master_config
-from support.postgres import Database, postgres_server  # noqa: F401
+from support.masd_process import MasdProcess, MasterSetup, mx_mail
+from support.postgres import Database, postgres_server, two_hosts  # noqa: F401
 from support.postgres import postgres as postgres
 from support.system import require_program
 
@@ -84,30 +83,16 @@ def haproxy() -> str:
     return require_program("haproxy")
 
 
-def two_hosts(
+def hosts(
     directory: Path, db: Database, peer: FakePeer, sink: SmtpSink, public_url: str
 ) -> tuple[MasterSetup, MasterSetup]:
-    first = write_master_config(
-        directory / "a", endpoint_url=peer.url + "mas", smtp_port=sink.port, deadline="1h"
+    return two_hosts(
+        directory,
+        db,
+        endpoint_url=peer.url + "mas",
+        smtp_port=sink.port,
+        server_lines=f'claim_timeout = "2s"\npublic_url = "{public_url}"\nconsole = true\n',
     )
-    password = directory / "a" / "secrets" / "db.password"
-    password.write_text(db.password + "\n")
-    password.chmod(0o600)
-    text = first.config.read_text().replace(
-        'database = "masd.db"\n',
-        f'database = "{db.uri}"\ndatabase_password_file = "secrets/db.password"\n'
-        f'claim_timeout = "2s"\npublic_url = "{public_url}"\nconsole = true\n',
-    )
-    first.config.write_text(text)
-    shutil.copytree(directory / "a", directory / "b")
-    lmtp, http = free_ports(2)
-    second = directory / "b" / "masd.toml"
-    second.write_text(
-        text.replace(f"127.0.0.1:{first.lmtp_port}", f"127.0.0.1:{lmtp}").replace(
-            f"127.0.0.1:{first.http_port}", f"127.0.0.1:{http}"
-        )
-    )
-    return first, MasterSetup(second, lmtp, http, first.admin_token, first.endpoint_token)
 
 
 async def callback_mail(setup: MasterSetup) -> None:
@@ -193,7 +178,7 @@ def test_two_hosts_behind_the_shipped_front(
 
     async def scenario() -> None:
         async with FakePeer() as peer, SmtpSink() as sink:
-            a, b = two_hosts(tmp_path, postgres, peer, sink, public_url)
+            a, b = hosts(tmp_path, postgres, peer, sink, public_url)
             top, cfg = front_config(tmp_path, front_port, (a.http_port, b.http_port))
             host_a = MasdProcess(a.config, tmp_path / "a.log")
             host_b = MasdProcess(b.config, tmp_path / "b.log")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -20,16 +19,16 @@ from typing import Any
 
 import httpx
 import pytest
-from support.masd_process import MasterSetup, mx_mail, write_master_config
+from support.masd_process import MasterSetup, mx_mail
 from support.postgres import Database, postgres_server  # noqa: F401
 from support.postgres import postgres as postgres
+from support.postgres import two_hosts as host_configs
 
 from masd.app import App
 from masd.config import load_config
 from masd.store import StoreHandle
 from masd.store.sql import tuples
 from masd.testing import FakePeer, SmtpSink, lmtpclient
-from masd.testing.net import free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -40,23 +39,7 @@ N = 8
 
 def two_configs(directory: Path, db: Database, peer: FakePeer, sink: SmtpSink) -> list[MasterSetup]:
     """One configuration on ``db``, and a copy of it that differs in its listeners only."""
-    first = write_master_config(directory / "a", endpoint_url=peer.url + "mas", smtp_port=sink.port)
-    (directory / "a" / "secrets" / "db.password").write_text(db.password + "\n")
-    (directory / "a" / "secrets" / "db.password").chmod(0o600)
-    text = first.config.read_text().replace(
-        'database = "masd.db"\n',
-        f'database = "{db.uri}"\ndatabase_password_file = "secrets/db.password"\n',
-    )
-    first.config.write_text(text)
-    shutil.copytree(directory / "a", directory / "b")
-    lmtp, http = free_ports(2)
-    second = directory / "b" / "masd.toml"
-    second.write_text(
-        text.replace(f"127.0.0.1:{first.lmtp_port}", f"127.0.0.1:{lmtp}").replace(
-            f"127.0.0.1:{first.http_port}", f"127.0.0.1:{http}"
-        )
-    )
-    return [first, MasterSetup(second, lmtp, http, first.admin_token, first.endpoint_token)]
+    return list(host_configs(directory, db, endpoint_url=peer.url + "mas", smtp_port=sink.port))
 
 
 @asynccontextmanager

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
 import statistics
 import time
 from collections import Counter
@@ -29,12 +28,11 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from support.masd_process import MasdProcess, MasterSetup, mx_mail, write_master_config
-from support.postgres import Database, postgres_server  # noqa: F401
+from support.masd_process import MasdProcess, MasterSetup, mx_mail
+from support.postgres import Database, postgres_server, two_hosts  # noqa: F401
 from support.postgres import postgres as postgres
 
 from masd.testing import FakePeer, Recorded, SmtpSink, lmtpclient
-from masd.testing.net import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
@@ -45,27 +43,15 @@ WAIT = 60.0
 
 
 def configs(directory: Path, db: Database, peer: FakePeer, sink: SmtpSink) -> list[MasterSetup]:
-    first = write_master_config(
-        directory / "a", endpoint_url=peer.url + "mas", smtp_port=sink.port, deadline="6s"
+    hosts = two_hosts(
+        directory,
+        db,
+        endpoint_url=peer.url + "mas",
+        smtp_port=sink.port,
+        deadline="6s",
+        server_lines='claim_timeout = "2s"\n',
     )
-    password = directory / "a" / "secrets" / "db.password"
-    password.write_text(db.password + "\n")
-    password.chmod(0o600)
-    text = first.config.read_text().replace(
-        'database = "masd.db"\n',
-        f'database = "{db.uri}"\ndatabase_password_file = "secrets/db.password"\n'
-        'claim_timeout = "2s"\n',
-    )
-    first.config.write_text(text)
-    shutil.copytree(directory / "a", directory / "b")
-    lmtp, http = free_ports(2)
-    second = directory / "b" / "masd.toml"
-    second.write_text(
-        text.replace(f"127.0.0.1:{first.lmtp_port}", f"127.0.0.1:{lmtp}").replace(
-            f"127.0.0.1:{first.http_port}", f"127.0.0.1:{http}"
-        )
-    )
-    return [first, MasterSetup(second, lmtp, http, first.admin_token, first.endpoint_token)]
+    return list(hosts)
 
 
 async def mail(setup: MasterSetup, n: int, callback: bool) -> str:

@@ -12,11 +12,15 @@ postgres_server  # noqa: F401``.
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from masd.testing.config import MasterSetup, write_master_config
+from masd.testing.net import free_ports
 from masd.testing.postgres import PostgresServer, find_bindir
 from support.system import missing
 
@@ -50,3 +54,36 @@ def postgres(postgres_server: PostgresServer) -> Iterator[Database]:
         yield Database(name, uri, postgres_server.password, postgres_server.socket_uri(name))
     finally:
         postgres_server.drop_database(name)
+
+
+def two_hosts(
+    directory: Path,
+    db: Database,
+    *,
+    endpoint_url: str,
+    smtp_port: int,
+    deadline: str = "1h",
+    server_lines: str = "",
+) -> tuple[MasterSetup, MasterSetup]:
+    """Two hosts' configurations on ``db`` (``directory/a`` and ``directory/b``) that differ in
+    their listeners only; ``server_lines`` go into ``[server]`` after the store's."""
+    first = write_master_config(
+        directory / "a", endpoint_url=endpoint_url, smtp_port=smtp_port, deadline=deadline
+    )
+    password = directory / "a" / "secrets" / "db.password"
+    password.write_text(db.password + "\n")
+    password.chmod(0o600)
+    text = first.config.read_text().replace(
+        'database = "masd.db"\n',
+        f'database = "{db.uri}"\ndatabase_password_file = "secrets/db.password"\n{server_lines}',
+    )
+    first.config.write_text(text)
+    shutil.copytree(directory / "a", directory / "b")
+    lmtp, http = free_ports(2)
+    second = directory / "b" / "masd.toml"
+    second.write_text(
+        text.replace(f"127.0.0.1:{first.lmtp_port}", f"127.0.0.1:{lmtp}").replace(
+            f"127.0.0.1:{first.http_port}", f"127.0.0.1:{http}"
+        )
+    )
+    return first, MasterSetup(second, lmtp, http, first.admin_token, first.endpoint_token)
