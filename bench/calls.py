@@ -28,10 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from tempfile import mkdtemp
 
-from bench import acks
 from bench import masd_setup as masd
-from bench.common import PYTHON, ROOT, BenchError, Server, free_port, wait_port
-from bench.compare import PATHS, _arrived_at_least, _stored_at_least, older_build
+from bench.common import ROOT, BenchError, Server, wait_port
+from bench.compare import PATHS, landed, older_build, peers
 from bench.lmtp_load import latency_run
 
 Counts = dict[str, tuple[float, float]]  # function -> (calls, microseconds)
@@ -45,16 +44,7 @@ _PROFILED = (
 
 def profiled_run(build: masd.Build, path: str, work: Path, n: int) -> Counts:
     """``n`` mails on ``path`` to ``build`` under cProfile: calls and time by function."""
-    work.mkdir(parents=True)
-    sink = Server.spawn(
-        "sink", [PYTHON, "-m", "bench.http_sink", str(port := free_port())], work / "sink.log", port
-    )
-    relay = acks.start_relay(work) if path == "ack" else None
-    try:
-        wait_port(port, proc=sink.proc)
-        setup = masd.write_config(
-            work, sink_port=port, relay_port=relay.server.port if relay else None
-        )
+    with peers(path, work) as (setup, relay):
         out = work / "prof.out"
         code = _PROFILED.format(config=str(setup.config), out=str(out))
         srv = Server.spawn(
@@ -74,17 +64,11 @@ def profiled_run(build: masd.Build, path: str, work: Path, n: int) -> Counts:
             )
             if lat.accepted != lat.sent:
                 raise BenchError(f"{lat.sent - lat.accepted} of {lat.sent} not accepted")
-            _stored_at_least(setup.database, n)
-            if relay is not None:
-                _arrived_at_least(relay, n)
+            landed(setup, relay, n)
             time.sleep(0.5)
         finally:
             srv.proc.send_signal(signal.SIGTERM)
             srv.proc.wait(60)
-    finally:
-        sink.stop()
-        if relay is not None:
-            relay.server.stop()
     return _by_function(out, build.tree)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -35,7 +36,7 @@ import tarfile
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
@@ -129,6 +130,32 @@ def _pass(port: int, sessions: int, count: int, tag: str, authenticated: bool) -
     return time.perf_counter() - began
 
 
+@contextlib.contextmanager
+def peers(path: str, work: Path) -> Iterator[tuple[masd.MasdSetup, acks.Relay | None]]:
+    """``work`` with masd's configuration, its contract sink and, on ``ack``, its mail relay."""
+    work.mkdir(parents=True)
+    port = free_port()
+    sink = Server.spawn(
+        "sink", [PYTHON, "-m", "bench.http_sink", str(port)], work / "sink.log", port
+    )
+    relay = acks.start_relay(work) if path == "ack" else None
+    try:
+        wait_port(port, proc=sink.proc)
+        relay_port = relay.server.port if relay else None
+        yield masd.write_config(work, sink_port=port, relay_port=relay_port), relay
+    finally:
+        sink.stop()
+        if relay is not None:
+            relay.server.stop()
+
+
+def landed(setup: masd.MasdSetup, relay: acks.Relay | None, n: int) -> None:
+    """Wait until ``n`` mails are stored and, with a relay, ``n`` acknowledgements arrived."""
+    _stored_at_least(setup.database, n)
+    if relay is not None:
+        _arrived_at_least(relay, n)
+
+
 def measure(
     build: masd.Build,
     path: str,
@@ -140,38 +167,21 @@ def measure(
     profile: Path | None = None,
 ) -> Point:
     """One build on one path: a fresh store, a warm-up, then the measured pass."""
-    work.mkdir(parents=True)
-    sink = Server.spawn(
-        "sink", [PYTHON, "-m", "bench.http_sink", str(port := free_port())], work / "sink.log", port
-    )
-    relay = acks.start_relay(work) if path == "ack" else None
-    try:
-        wait_port(port, proc=sink.proc)
-        setup = masd.write_config(
-            work, sink_port=port, relay_port=relay.server.port if relay else None
-        )
+    with peers(path, work) as (setup, relay):
         server, _ = masd.start(setup, work / "masd.log", build=build)
         try:
             authenticated = path == "ack"
             _pass(setup.lmtp_port, sessions, WARM_UP, f"warm-{round_}", authenticated)
-            _stored_at_least(setup.database, WARM_UP)
-            if relay is not None:
-                _arrived_at_least(relay, WARM_UP)
+            landed(setup, relay, WARM_UP)
             cpu = server.cpu()
             with Profiler(profile, f"{path}-{_slug(build)}-r{round_}", server.pid):
                 seconds = _pass(setup.lmtp_port, sessions, count, f"run-{round_}", authenticated)
-                _stored_at_least(setup.database, WARM_UP + count)
-                if relay is not None:
-                    _arrived_at_least(relay, WARM_UP + count)
+                landed(setup, relay, WARM_UP + count)
             cpu = server.cpu() - cpu
         finally:
             code = server.stop()
         if code != 0:
             raise BenchError(f"{build.name} exited {code} on SIGTERM:\n{server.tail()}")
-    finally:
-        sink.stop()
-        if relay is not None:
-            relay.server.stop()
     return Point(path, build.name, round_, count / seconds, 1000 * cpu / count)
 
 
