@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import signal
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,7 +22,7 @@ import click
 from masd.cli.common import CONFIG, DEFAULT_CONFIG, load
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from masd.cli.admin_client import Answer
     from masd.config import Config
@@ -232,16 +233,34 @@ def tail(config_file: Path, count: int, follow: bool, case_name: str | None, as_
         try:
             _print_events(found.events if count else [], as_json)
             after = parse_cursor(found.next) or 0
-            while follow:
-                found = store.read_sync(functools.partial(page, after=after, case_key=key))
-                _print_events(found.events, as_json)
-                after = parse_cursor(found.next) or after
-                if not found.events:
-                    time.sleep(TAIL_POLL_SECONDS)
-        except KeyboardInterrupt:
+            with _until_signalled() as stopped:
+                while follow and not stopped.is_set():
+                    found = store.read_sync(functools.partial(page, after=after, case_key=key))
+                    _print_events(found.events, as_json)
+                    after = parse_cursor(found.next) or after
+                    if not found.events:
+                        stopped.wait(TAIL_POLL_SECONDS)
+        except KeyboardInterrupt:  # before the follow began
             pass
         except BrokenPipeError:  # `masd tail | head`: the reader is gone
             sys.stderr.close()
+
+
+@contextlib.contextmanager
+def _until_signalled() -> Iterator[threading.Event]:
+    """An event set by SIGINT or SIGTERM while the block runs, in place of an exception.
+
+    A ``KeyboardInterrupt`` can land anywhere, inside a read that holds the store's lock
+    among them, and leave the store unable to close: the follow loop reads the event
+    between reads instead, and ends with the store closed in order."""
+    stopped = threading.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(s, lambda *_: stopped.set()) for s in signals]
+    try:
+        yield stopped
+    finally:
+        for s, handler in zip(signals, previous, strict=True):
+            signal.signal(s, handler)
 
 
 def _print_events(events: list[dict[str, Any]], as_json: bool) -> None:
