@@ -5,14 +5,20 @@ it, whatever the statements do: a delivered mail (a new case, its acknowledgemen
 held to at most :data:`MOST` round trips, counted by :class:`masd.testing.tcp_proxy.TcpProxy`
 between the store and the private server (write jobs run in pipeline mode: only a statement
 whose result the job reads waits for the server).
+
+The proxy also sees the pools' own traffic: a connection opened in the background, and the
+ping on a connection's first use (masd.store.pg_backend).  A mail during which either
+happened is not counted: the figure is the job's own conversation.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from psycopg_pool import ConnectionPool
 from support.postgres import Database, postgres, postgres_server  # noqa: F401
 from support.ticket import write_ticket_config
 from test_deliver_cost import Rig, message
@@ -25,6 +31,8 @@ from masd.testing.tcp_proxy import TcpProxy
 #: Round trips a delivered mail may cost today: one per result its job reads, and the
 #: commit (docs/performance.md lists them).
 MOST = 6
+#: Mails counted, out of at most :data:`TRIES` delivered.
+COUNTED, TRIES = 5, 30
 
 
 @pytest.fixture
@@ -38,21 +46,36 @@ def counted(postgres: Database) -> Iterator[tuple[PgStore, TcpProxy]]:  # noqa: 
 
 
 def test_a_delivered_mail_costs_a_bounded_number_of_round_trips(
-    tmp_path: Path, counted: tuple[PgStore, TcpProxy]
+    tmp_path: Path, counted: tuple[PgStore, TcpProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, proxy = counted
+    pings = [0]
+    ping = ConnectionPool.check_connection
+
+    def counted_ping(conn: Any) -> None:
+        pings[0] += 1
+        ping(conn)
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted_ping))
     config = write_ticket_config(tmp_path, ticket="acknowledge = true")
     rig = Rig(config)
     for n in range(2):  # connections opened, the bounce secret made and then kept
         rig.deliver(store, message(message_id=f"<warm-{n}@example.com>"))
-    costs = []
-    for n in range(5):
-        before = proxy.round_trips
+    costs: list[int] = []
+    left_out = 0
+    for n in range(TRIES):
+        before = (proxy.round_trips, proxy.connections, pings[0])
         _, key = rig.deliver(store, message(message_id=f"<m-{n}@example.com>"))
-        costs.append(proxy.round_trips - before)
+        if (proxy.connections, pings[0]) != before[1:]:
+            left_out += 1  # the pools' housekeeping rode along: not the job's trips
+            continue
+        costs.append(proxy.round_trips - before[0])
+        if len(costs) == COUNTED:
+            break
     kinds = store.read_sync(
         lambda tx: tuples(tx, "SELECT kind FROM thread WHERE case_key = ? ORDER BY seq", (key,))
     )
-    print(f"\nround trips per delivered mail: {costs}; its thread {kinds}")
+    print(f"\nround trips per delivered mail: {costs} ({left_out} left out); its thread {kinds}")
     assert ("mail.in",) in kinds
+    assert len(costs) == COUNTED, f"{left_out} of {TRIES} mails shared the pools' housekeeping"
     assert max(costs) <= MOST, costs

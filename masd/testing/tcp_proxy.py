@@ -8,8 +8,10 @@ each direction (a rack's network: 1 ms each way), chunks kept in order.
 It counts **round trips**: the times a client sent something with nothing of its own
 outstanding, so that it then waits for the server's answer.  For PostgreSQL's protocol that
 is read from the messages themselves: a simple query (``Q``) or a pipeline's ``Sync`` (``S``)
-is outstanding until the server's ``ReadyForQuery`` (``Z``) for it, so the statements
-psycopg's pipeline mode sends before it waits are one trip, however the packets fall.  A
+is outstanding until the server's ``ReadyForQuery`` (``Z``) for it, and a trip starts with a
+message the client waits on (those two, or a ``Flush``, ``H``) sent with nothing outstanding:
+the statements psycopg's pipeline mode sends before it waits are one trip, however the
+packets fall.  A
 connection that is not PostgreSQL's (or is encrypted) is counted by turns: a client's chunk
 after one of the server's starts a trip.  :attr:`TcpProxy.round_trips` is the total over
 every connection so far.
@@ -174,7 +176,13 @@ class TcpProxy:
 
 
 class _Conversation:
-    """One connection's messages, read as PostgreSQL's protocol while they parse as it."""
+    """One connection's messages, read as PostgreSQL's protocol while they parse as it.
+
+    Until the server is first ready for a query (the start-up and authentication), and
+    for a conversation that is not the protocol, a trip is a client's chunk after one of
+    the server's.  After it, a trip starts with a message the client then waits on (a
+    query, a Sync or a Flush) sent when the server has answered what came before: the
+    statements before it ride along, in one chunk or several."""
 
     def __init__(self) -> None:
         self.outstanding = 0  # queries and Syncs the server has not answered yet
@@ -182,38 +190,43 @@ class _Conversation:
         self._client = _Frames(untyped=1)
         self._server = _Frames(untyped=0)
         self._last = "server"
+        self._ready = False  # the server's first ReadyForQuery came
+        self._answered = True  # the server spoke since the client last began to wait
 
     def client(self, chunk: bytes) -> int:
-        trip = self._starts_trip()
+        turn = int(self._last == "server")
         self._last = "client"
-        if self.parsed:
-            kinds = self._client.feed(chunk)
-            if kinds is None or (self._client.ssl_asked and not self._server.ssl_answered):
-                self._server.expect_ssl_answer = self._client.ssl_asked
-            if kinds is None:
-                self.parsed = False
-            else:
-                self.outstanding += sum(k in (b"Q", b"S") for k in kinds)
+        if not self.parsed:
+            return turn
+        kinds = self._client.feed(chunk)
+        if kinds is None or (self._client.ssl_asked and not self._server.ssl_answered):
+            self._server.expect_ssl_answer = self._client.ssl_asked
+        if kinds is None:
+            self.parsed = False
+            return turn
+        if not self._ready:
+            return turn
+        trip = 0
+        if any(k in _WAITS for k in kinds) and self.outstanding == 0 and self._answered:
+            trip, self._answered = 1, False
+        self.outstanding += sum(k in (b"Q", b"S") for k in kinds)
         return trip
 
     def server(self, chunk: bytes) -> int:
         self._last = "server"
+        self._answered = True
         if self.parsed:
             kinds = self._server.feed(chunk)
             if kinds is None or self._server.encrypted:
                 self.parsed = False
             else:
+                self._ready = self._ready or b"Z" in kinds
                 self.outstanding = max(0, self.outstanding - kinds.count(b"Z"))
         return 0
 
-    def _starts_trip(self) -> int:
-        if self.parsed and not self._client.startup_done:
-            return int(self._last == "server")
-        if self.parsed:
-            return int(self.outstanding == 0)
-        return int(self._last == "server")
 
-
+#: The client's messages it waits on: a query, a pipeline's Sync, a Flush.
+_WAITS: Final = (b"Q", b"S", b"H")
 _SSL_REQUEST: Final = 80877103
 _GSS_REQUEST: Final = 80877104
 
@@ -260,7 +273,7 @@ class _Frames:
                 break
             kind = self._buffer[:1]
             length = int.from_bytes(self._buffer[1:5], "big")
-            if length < 4 or not kind.isalpha():
+            if length < 4 or not kind.isalnum():  # "1", "2", "3": parse, bind, close done
                 return None
             if len(self._buffer) < 1 + length:
                 break

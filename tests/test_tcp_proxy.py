@@ -1,0 +1,74 @@
+"""How the loopback proxy counts round trips (masd.testing.tcp_proxy), message by message.
+
+The round-trip test and the scale benchmark read these counts: a trip is a wait of the
+client's on the server, however the client's messages fall into packets.
+"""
+
+from __future__ import annotations
+
+from masd.testing.tcp_proxy import _Conversation
+
+
+def msg(kind: bytes, body: bytes = b"") -> bytes:
+    return kind + (4 + len(body)).to_bytes(4, "big") + body
+
+
+PARAMETERS = b"user\0masd\0\0"
+STARTUP = (8 + len(PARAMETERS)).to_bytes(4, "big") + (196608).to_bytes(4, "big") + PARAMETERS
+BATCH = msg(b"P", b"x" * 40) + msg(b"B", b"y" * 20) + msg(b"D", b"S\0") + msg(b"E", b"\0" * 5)
+ROWS = msg(b"1") + msg(b"2") + msg(b"C", b"INSERT 0 1\0")
+
+
+def ready() -> tuple[_Conversation, int]:
+    """A conversation past its start-up: the client's start-up, a password, then ready."""
+    talk = _Conversation()
+    trips = talk.client(STARTUP)
+    trips += talk.server(msg(b"R", (5).to_bytes(4, "big")))
+    trips += talk.client(msg(b"p", b"secret\0"))
+    trips += talk.server(msg(b"R", (0).to_bytes(4, "big")) + msg(b"Z", b"I"))
+    return talk, trips
+
+
+def test_start_up_and_authentication_are_counted_by_turns() -> None:
+    talk, trips = ready()
+    assert trips == 2
+    assert talk.parsed
+
+
+def test_a_batch_the_client_then_waits_on_is_one_trip_however_it_is_split() -> None:
+    whole = BATCH * 3 + msg(b"H")
+    for cut in (0, 7, len(BATCH), len(BATCH) * 2 + 3, len(whole) - 2):
+        talk, _ = ready()
+        trips = sum(talk.client(part) for part in (whole[:cut], whole[cut:]) if part)
+        trips += talk.server(ROWS * 3)
+        trips += talk.client(BATCH + msg(b"S"))
+        assert trips == 2, cut
+        assert talk.parsed
+
+
+def test_statements_sent_while_a_sync_is_outstanding_ride_along() -> None:
+    talk, _ = ready()
+    trips = talk.client(BATCH + msg(b"S"))
+    trips += talk.server(ROWS)  # partial: the Sync's ReadyForQuery has not come
+    trips += talk.client(BATCH + msg(b"S"))
+    trips += talk.server(msg(b"Z", b"T") + ROWS + msg(b"Z", b"I"))
+    trips += talk.client(msg(b"Q", b"COMMIT\0"))
+    assert trips == 2
+
+
+def test_each_wait_after_an_answer_is_a_trip() -> None:
+    talk, _ = ready()
+    trips = 0
+    for _ in range(4):
+        trips += talk.client(BATCH + msg(b"H"))
+        trips += talk.server(ROWS)
+    assert trips == 4
+
+
+def test_a_conversation_that_is_not_the_protocol_is_counted_by_turns() -> None:
+    talk = _Conversation()
+    trips = talk.client(b"GET / HTTP/1.1\r\n\r\n")
+    trips += talk.client(b"more")
+    trips += talk.server(b"HTTP/1.1 200 OK\r\n\r\n")
+    trips += talk.client(b"GET /again HTTP/1.1\r\n\r\n")
+    assert trips == 2
