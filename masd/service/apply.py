@@ -292,22 +292,26 @@ def _recipient(
     )
 
 
-def _refusal(ap: _Applying, recipient: Recipient | None) -> str | None:
-    """Principle 10's answer for a send to ``recipient`` (None: it may go)."""
+def _refusal(ap: _Applying, recipient: Recipient | None, purpose: str) -> str | None:
+    """Principle 10's answer for a send to ``recipient``, then the bounces' (None: it
+    may go)."""
     case = ap.case
     typ = ap.job.rt.type_config(case.domain, case.type)
     caps = Caps(typ.send_cap.per_case, typ.send_cap.per_recipient_per_day)
     # The counts feed only the caps, which decide_send checks last: a send
     # refused before any mail is counted is refused for the same reason
     # whatever the counts, so they are read only for a send that passed the
-    # rules on who the recipient is.
-    refusal = decide_send(recipient, Counts(0, 0), caps)
+    # rules on who the recipient is (with the recipient's suppression, in the
+    # same statement: a round trip where the store is across a network).
+    refusal: str | None = decide_send(recipient, Counts(0, 0), caps)
     if refusal is None and recipient is not None:
-        case_sent, recipient_sent = cases.send_counts(
+        standing = cases.send_standing(
             ap.tx, case.key, recipient.address.lower(), ap.now - CAP_WINDOW_SECONDS
         )
-        counts = Counts(case_sent=case_sent, recipient_sent_24h=recipient_sent)
-        refusal = decide_send(recipient, counts, caps)
+        counts = Counts(case_sent=standing.case_sent, recipient_sent_24h=standing.recipient_sent)
+        refusal = decide_send(recipient, counts, caps) or bounce_mail.suppression(
+            purpose, standing.suppressed_until, ap.now
+        )
     return refusal
 
 
@@ -316,9 +320,7 @@ def _send_mail(ap: _Applying, s: SendMail) -> str | None:
     returns the send's refusal, or None when the mail was queued."""
     original = _recipient(ap.tx, ap.case, s.reply_to, ap.recorded)
     recipient = original.recipient if original is not None else None
-    refusal = _refusal(ap, recipient)
-    if refusal is None and recipient is not None:
-        refusal = bounce_mail.suppression(ap.tx, s.purpose, recipient.address, ap.now)
+    refusal = _refusal(ap, recipient, s.purpose)
     if refusal is not None or original is None or recipient is None:
         ap.thread(
             "mail.refused",

@@ -54,11 +54,12 @@ def give_envelope(
     bounces.set_envelope(tx, outbox_id, sender, queued)
 
 
-def suppression(tx: Tx, purpose: str, address: str, now: float) -> str | None:
-    """``suppressed`` when masd's own mail goes to an address that bounced for good."""
+def suppression(purpose: str, until: float | None, now: float) -> str | None:
+    """``suppressed`` when masd's own mail goes to an address that bounced for good
+    (``until``: its suppression's end, :attr:`masd.store.cases.Standing.suppressed_until`)."""
     if purpose == "reply":  # a master's mail.send: the master decides
         return None
-    return own_mail_refusal(purpose, bounces.suppressed_until(tx, address.lower()), now)
+    return own_mail_refusal(purpose, until, now)
 
 
 def verify(tx: Tx, case_key: str, tag: str) -> int | None:

@@ -114,15 +114,27 @@ def set_policy(tx: Tx, key: str, stored: Mapping[str, Any]) -> None:
     send(tx, "UPDATE cases SET policy = ? WHERE key = ?", (dumps(dict(stored)), key))
 
 
-def send_counts(tx: Tx, key: str, recipient: str, since: float) -> tuple[int, int]:
-    """:func:`sent_count` and :func:`sent_to`, read by one statement."""
+@dataclass(frozen=True)
+class Standing:
+    """What Principle 10 and the bounces say of one send, read by one statement."""
+
+    case_sent: int  # mails sent on the case so far
+    recipient_sent: int  # mails sent to the recipient since the window began, any case
+    suppressed_until: float | None  # the recipient bounced for good: until when
+
+
+def send_standing(tx: Tx, key: str, recipient: str, since: float) -> Standing:
+    """:func:`sent_count`, :func:`sent_to` and the recipient's suppression
+    (:func:`masd.store.bounces.suppressed_until`), in one round trip."""
     found = tuples(
         tx,
         "SELECT (SELECT sent_count FROM cases WHERE key = ?), "
-        "(SELECT COUNT(*) FROM send_log WHERE recipient = ? AND at > ?)",
-        (key, recipient, since),
+        "(SELECT COUNT(*) FROM send_log WHERE recipient = ? AND at > ?), "
+        "(SELECT until FROM suppressions WHERE address = ?)",
+        (key, recipient, since, recipient),
     )
-    return int(found[0][0]), int(found[0][1])
+    case_sent, recipient_sent, until = found[0]
+    return Standing(int(case_sent), int(recipient_sent), None if until is None else float(until))
 
 
 def sent_count(tx: Tx, key: str) -> int:
