@@ -21,8 +21,11 @@ import pytest
 from psycopg_pool import ConnectionPool
 from support.postgres import Database, postgres, postgres_server  # noqa: F401
 from support.ticket import write_ticket_config
-from test_deliver_cost import Rig, message
+from test_deliver_cost import AT, Rig, message
 
+from masd.core.address import parse_address
+from masd.core.event import build_event
+from masd.service import Delivered, deliver
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_backend import PgStore
 from masd.store.sql import tuples
@@ -30,7 +33,7 @@ from masd.testing.tcp_proxy import TcpProxy
 
 #: Round trips a delivered mail may cost today: one per result its job reads, and the
 #: commit (docs/performance.md lists them).
-MOST = 6
+MOST = 4
 #: Mails counted, out of at most :data:`TRIES` delivered.
 COUNTED, TRIES = 5, 30
 
@@ -79,3 +82,40 @@ def test_a_delivered_mail_costs_a_bounded_number_of_round_trips(
     assert ("mail.in",) in kinds
     assert len(costs) == COUNTED, f"{left_out} of {TRIES} mails shared the pools' housekeeping"
     assert max(costs) <= MOST, costs
+
+
+def test_a_repeat_is_found_by_recording_it_and_answered_as_the_duplicate(
+    tmp_path: Path, counted: tuple[PgStore, TcpProxy]
+) -> None:
+    """The delivery does not look for its dedupe key first: the repeat's take of the key
+    fails, its run is rolled back, and the second run finds the first copy."""
+    store, _ = counted
+    rig = Rig(write_ticket_config(tmp_path, ticket="acknowledge = true"))
+    raw = message(message_id="<once@example.com>")
+    mail = build_event(
+        raw,
+        mail_from="alice@example.com",
+        rcpt_to="ticket@help.example",
+        received_at="2026-09-21T10:00:00Z",
+        message_ref="msg-once",
+        trust=rig.rt.trust(),
+    )
+    address = parse_address("ticket@help.example")
+
+    def once(at: float) -> Delivered:
+        return store.write_sync(lambda tx: deliver(rig.rt, tx, address, mail, raw, "ab" * 32, at))
+
+    first = once(AT)
+    conflicts = store.conflicts
+    again = once(AT + 60)
+    assert (first.duplicate, again.duplicate) == (False, True)
+    assert again.case_key == first.case_key
+    assert store.conflicts == conflicts + 1  # the repeat cost one run, rolled back
+    counts = store.read_sync(
+        lambda tx: tuples(
+            tx,
+            "SELECT (SELECT COUNT(*) FROM cases), (SELECT COUNT(*) FROM messages), "
+            "(SELECT COUNT(*) FROM outbox)",
+        )
+    )
+    assert counts == [(1, 1, 1)]  # one case, one copy, one acknowledgement

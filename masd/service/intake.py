@@ -87,7 +87,9 @@ def deliver(
     ``bounce``: for a bounce address, the mail already read as a bounce (else read here)."""
     ev = mail.event
     dedupe = dedupe_key(ev.message_id, ev.rcpt_to, sha256)
-    seen = messages.seen(tx, dedupe, since=now - DEDUPE_WINDOW)
+    seen = (
+        messages.seen(tx, dedupe, since=now - DEDUPE_WINDOW) if messages.looks_first(tx) else None
+    )
     if seen is not None:
         return Delivered(seen.message_ref, seen.case_key, duplicate=True, wakes=NO_WAKES)
     job, copy = Job(rt, tx, now), _Mail(rcpt, mail, raw, sha256, dedupe)

@@ -11,7 +11,7 @@ from typing import Any, Final, cast
 from masd.core.event import GatewayEvent
 from masd.core.slave import IntakeView
 from masd.store.backend import SQLITE, Dialect, Raced
-from masd.store.sql import Tx, dialect, dumps, one, send, tuples, value
+from masd.store.sql import Tx, dialect, dumps, one, rerun, send, tuples, value
 
 #: A mail at least this large is written with SQLite's blob I/O (:func:`_insert_sqlite`).
 BLOB_IO_BYTES: Final = 1 << 20
@@ -108,6 +108,18 @@ class Seen:
     message_ref: str
     case_key: str  # "" for a slave-role intake not assigned yet
     at: float
+
+
+def looks_first(tx: Tx) -> bool:
+    """Whether a write job looks for its copy's dedupe key (:func:`seen`) before it
+    records the copy.
+
+    With one writer (SQLite) the look costs nothing.  Where several hosts write, a
+    look is a round trip, and :func:`record`'s take of the key finds a repeat by
+    itself: the statement fails, the job is rolled back and run again
+    (:class:`~masd.store.backend.Raced`), and only that second run looks, to answer
+    as the duplicate.  A repeat costs a run; every other mail, a round trip less."""
+    return not dialect(tx).lock_rows or rerun(tx)
 
 
 def seen(tx: Tx, dedupe: str, since: float) -> Seen | None:

@@ -19,10 +19,11 @@ keeps them apart is each job's own rows:
   first to commit, and its next statement sees what the first wrote;
 - dedupe and idempotency are unique keys written with ``INSERT ... ON
   CONFLICT``, never a look then an insert (the same statements as SQLite); a
-  key taken by a concurrent twin makes the job run again
-  (:class:`~masd.store.backend.Raced`), and it then finds the twin's row and
-  answers as the duplicate it is; a plain unique violation (``23505``, two
-  hosts opening one slave case) is run again the same way, at most
+  key taken by a concurrent twin, or by the same mail delivered before, makes
+  the job run again (:class:`~masd.store.backend.Raced`), and it then finds the
+  row and answers as the duplicate it is (a delivery looks for its key only in
+  that second run, :func:`masd.store.messages.looks_first`); a plain unique
+  violation (``23505``, two hosts opening one slave case) is run again the same way, at most
   :data:`UNIQUE_RETRIES` times before it counts as the job's own error;
 - case numbers come from a sequence per (domain, type)
   (:func:`masd.store.cases.next_number`, PostgreSQL migration 6): taking one
@@ -180,7 +181,7 @@ class PgTx:
     ``INSERT``, an ``UPDATE`` whose count is not asked) goes out with the next one that
     is read, in one round trip, and ``COMMIT`` with the last of them."""
 
-    __slots__ = ("_conn", "_pipeline", "masd_cache", "masd_dialect")
+    __slots__ = ("_conn", "_pipeline", "masd_cache", "masd_dialect", "masd_rerun")
 
     def __init__(
         self,
@@ -189,11 +190,14 @@ class PgTx:
         read: bool = False,
         pipeline: psycopg.Pipeline | None = None,
         cache: dict[str, object] | None = None,
+        rerun: bool = False,
     ) -> None:
         self._conn = conn
         self._pipeline = pipeline
         #: What never changes once committed (the bounce secret), read once per store.
         self.masd_cache = cache
+        #: The job runs again after a race (:func:`masd.store.sql.rerun`).
+        self.masd_rerun = rerun
         #: A read locks nothing (``FOR UPDATE`` is refused in a read-only transaction).
         self.masd_dialect = POSTGRESQL_READ if read else POSTGRESQL
 
@@ -355,15 +359,15 @@ class PgStore:
                 largest_batch=1,
             )
 
-    def _attempt(self, fn: Callable[[Tx], T], *, read: bool) -> T:
-        """One run of ``fn``; its log lines are emitted once it committed
-        (:mod:`masd.store.deferred_logs`: a run rolled back leaves none)."""
+    def _attempt(self, fn: Callable[[Tx], T], *, read: bool, rerun: bool = False) -> T:
+        """One run of ``fn`` (``rerun``: after one rolled back); its log lines are emitted
+        once it committed (:mod:`masd.store.deferred_logs`: a run rolled back leaves none)."""
         with deferred_logs.held() as records:
-            value = self._transaction(fn, read=read)
+            value = self._transaction(fn, read=read, rerun=rerun)
         deferred_logs.release(records)
         return value
 
-    def _transaction(self, fn: Callable[[Tx], T], *, read: bool) -> T:
+    def _transaction(self, fn: Callable[[Tx], T], *, read: bool, rerun: bool) -> T:
         pool = self._pool if read else self._write_pool
         ran = False  # the job ran to its end: COMMIT is sent as the block ends
         conn: psycopg.Connection[Any] | None = None
@@ -380,7 +384,8 @@ class PgStore:
                     # psycopg's transaction block would wait for the server at both ends.
                     conn.execute(_BEGIN)
                     try:
-                        value = self._checked(fn(PgTx(conn, pipeline=pipeline, cache=self._cache)))
+                        tx = PgTx(conn, pipeline=pipeline, cache=self._cache, rerun=rerun)
+                        value = self._checked(fn(tx))
                     except BaseException:
                         if not conn.broken:
                             with contextlib.suppress(psycopg.Error):
@@ -410,7 +415,7 @@ class PgStore:
         lost = 0
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
-                value = self._attempt(fn, read=read)
+                value = self._attempt(fn, read=read, rerun=attempt > 0)
             except _Lost as exc:
                 lost += 1
                 if lost <= 1:

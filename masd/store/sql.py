@@ -37,6 +37,12 @@ def dialect(tx: Tx) -> Dialect:
     return cast(Dialect, getattr(tx, "masd_dialect", SQLITE))
 
 
+def rerun(tx: Tx) -> bool:
+    """Whether ``tx``'s job is running again, after a race rolled its earlier run back
+    (where several hosts write; SQLite's one writer runs each job once)."""
+    return bool(getattr(tx, "masd_rerun", False))
+
+
 def many(tx: Tx, sql: str, params: Sequence[Sequence[Any]]) -> None:
     """Run one statement once per parameter tuple of ``params``."""
     cast(Any, tx).conn.executemany(sql, params)
