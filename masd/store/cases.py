@@ -124,8 +124,9 @@ class Standing:
 
 
 def send_standing(tx: Tx, key: str, recipient: str, since: float) -> Standing:
-    """:func:`sent_count`, :func:`sent_to` and the recipient's suppression
-    (:func:`masd.store.bounces.suppressed_until`), in one round trip."""
+    """Mails sent on case ``key`` so far (Principle 10's per-case cap), mails sent to
+    ``recipient`` (lower case) after ``since`` on any case, and the recipient's
+    suppression (:func:`masd.store.bounces.suppressed_until`), in one round trip."""
     found = tuples(
         tx,
         "SELECT (SELECT sent_count FROM cases WHERE key = ?), "
@@ -135,22 +136,6 @@ def send_standing(tx: Tx, key: str, recipient: str, since: float) -> Standing:
     )
     case_sent, recipient_sent, until = found[0]
     return Standing(int(case_sent), int(recipient_sent), None if until is None else float(until))
-
-
-def sent_count(tx: Tx, key: str) -> int:
-    """Mails sent on case ``key`` so far (Principle 10's per-case cap)."""
-    return int(value(tx, "SELECT sent_count FROM cases WHERE key = ?", (key,)))
-
-
-def sent_to(tx: Tx, recipient: str, since: float) -> int:
-    """Mails sent to ``recipient`` (lower case) after ``since``, on any case."""
-    return int(
-        value(
-            tx,
-            "SELECT COUNT(*) FROM send_log WHERE recipient = ? AND at > ?",
-            (recipient, since),
-        )
-    )
 
 
 def count_send(tx: Tx, key: str, recipient: str, now: float) -> None:

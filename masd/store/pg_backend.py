@@ -23,8 +23,9 @@ keeps them apart is each job's own rows:
   the job run again (:class:`~masd.store.backend.Raced`), and it then finds the
   row and answers as the duplicate it is (a delivery looks for its key only in
   that second run, :func:`masd.store.messages.looks_first`); a plain unique
-  violation (``23505``, two hosts opening one slave case) is run again the same way, at most
-  :data:`UNIQUE_RETRIES` times before it counts as the job's own error;
+  violation (``23505``, two hosts opening one slave case) is run again the same
+  way, at most :data:`UNIQUE_RETRIES` times before it counts as the job's own
+  error;
 - case numbers come from a sequence per (domain, type)
   (:func:`masd.store.cases.next_number`, PostgreSQL migration 6): taking one
   waits for nobody's commit, and a job that rolls back leaves a gap;
@@ -359,7 +360,7 @@ class PgStore:
                 largest_batch=1,
             )
 
-    def _attempt(self, fn: Callable[[Tx], T], *, read: bool, rerun: bool = False) -> T:
+    def _attempt(self, fn: Callable[[Tx], T], *, read: bool, rerun: bool) -> T:
         """One run of ``fn`` (``rerun``: after one rolled back); its log lines are emitted
         once it committed (:mod:`masd.store.deferred_logs`: a run rolled back leaves none)."""
         with deferred_logs.held() as records:
