@@ -6,8 +6,9 @@ held to at most :data:`MOST` round trips, counted by :class:`masd.testing.tcp_pr
 between the store and the private server (write jobs run in pipeline mode: only a statement
 whose result the job reads waits for the server).
 
-The proxy also sees the pools' own traffic: a connection opened in the background, and the
-ping on a connection's first use (masd.store.pg_backend).  A mail during which either
+The proxy also sees the pools' own traffic: a connection opened in the background (its
+start-up may span several mails), and the ping on a connection's first use
+(masd.store.pg_backend).  A mail during which either
 happened is not counted: the figure is the job's own conversation.
 """
 
@@ -68,8 +69,9 @@ def test_a_delivered_mail_costs_a_bounded_number_of_round_trips(
     left_out = 0
     for n in range(TRIES):
         before = (proxy.round_trips, proxy.connections, pings[0])
+        starting = proxy.starting  # a connection still authenticating trips on its own
         _, key = rig.deliver(store, message(message_id=f"<m-{n}@example.com>"))
-        if (proxy.connections, pings[0]) != before[1:]:
+        if starting or (proxy.connections, pings[0]) != before[1:]:
             left_out += 1  # the pools' housekeeping rode along: not the job's trips
             continue
         costs.append(proxy.round_trips - before[0])

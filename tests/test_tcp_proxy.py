@@ -56,6 +56,18 @@ def test_statements_sent_while_a_sync_is_outstanding_ride_along() -> None:
     assert trips == 2
 
 
+def test_a_flush_after_the_answer_to_a_sync_asks_for_nothing() -> None:
+    """psycopg may send a bare Flush once a pipeline's Sync is answered: no trip, and the
+    next batch's wait is one."""
+    talk, _ = ready()
+    trips = talk.client(BATCH + msg(b"S"))
+    trips += talk.server(ROWS + msg(b"Z", b"I"))
+    assert talk.client(msg(b"H")) == 0
+    trips += talk.client(BATCH) + talk.client(BATCH + msg(b"H"))
+    trips += talk.server(ROWS * 2)
+    assert trips == 2
+
+
 def test_each_wait_after_an_answer_is_a_trip() -> None:
     talk, _ = ready()
     trips = 0

@@ -9,12 +9,11 @@ It counts **round trips**: the times a client sent something with nothing of its
 outstanding, so that it then waits for the server's answer.  For PostgreSQL's protocol that
 is read from the messages themselves: a simple query (``Q``) or a pipeline's ``Sync`` (``S``)
 is outstanding until the server's ``ReadyForQuery`` (``Z``) for it, and a trip starts with a
-message the client waits on (those two, or a ``Flush``, ``H``) sent with nothing outstanding:
-the statements psycopg's pipeline mode sends before it waits are one trip, however the
-packets fall.  A
-connection that is not PostgreSQL's (or is encrypted) is counted by turns: a client's chunk
-after one of the server's starts a trip.  :attr:`TcpProxy.round_trips` is the total over
-every connection so far.
+message the client waits on (those two, or a ``Flush``, ``H``, after statements) sent with
+nothing outstanding: the statements psycopg's pipeline mode sends before it waits are one
+trip, however the packets fall.  A connection that is not PostgreSQL's (or is encrypted) is
+counted by turns: a client's chunk after one of the server's starts a trip.
+:attr:`TcpProxy.round_trips` is the total over every connection so far.
 
 It runs its own event loop on a thread of its own, so that a test, a benchmark or masd in
 another process can use it alike: ``with TcpProxy(("127.0.0.1", port)) as proxy:``.
@@ -46,6 +45,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._trips = 0
         self._connections = 0
+        self._talks: set[_Conversation] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -61,6 +61,13 @@ class TcpProxy:
     def connections(self) -> int:
         with self._lock:
             return self._connections
+
+    @property
+    def starting(self) -> int:
+        """Open PostgreSQL connections still in their start-up (authentication): their
+        trips are the connection's, not a statement's."""
+        with self._lock:
+            return sum(talk.parsed and not talk.ready for talk in self._talks)
 
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
@@ -123,15 +130,20 @@ class TcpProxy:
         except OSError:
             writer.close()
             return
+        talk = _Conversation()
         with self._lock:
             self._connections += 1
-        talk = _Conversation()
-        with contextlib.suppress(asyncio.CancelledError):  # the proxy stopping
-            await asyncio.gather(
-                self._pipe(reader, up_writer, talk.client),
-                self._pipe(up_reader, writer, talk.server),
-                return_exceptions=True,
-            )
+            self._talks.add(talk)
+        try:
+            with contextlib.suppress(asyncio.CancelledError):  # the proxy stopping
+                await asyncio.gather(
+                    self._pipe(reader, up_writer, talk.client),
+                    self._pipe(up_reader, writer, talk.server),
+                    return_exceptions=True,
+                )
+        finally:
+            with self._lock:
+                self._talks.discard(talk)
 
     async def _pipe(
         self,
@@ -190,8 +202,9 @@ class _Conversation:
         self._client = _Frames(untyped=1)
         self._server = _Frames(untyped=0)
         self._last = "server"
-        self._ready = False  # the server's first ReadyForQuery came
+        self.ready = False  # the server's first ReadyForQuery came
         self._answered = True  # the server spoke since the client last began to wait
+        self._unasked = False  # statements sent since the last query, Sync or Flush
 
     def client(self, chunk: bytes) -> int:
         turn = int(self._last == "server")
@@ -204,13 +217,27 @@ class _Conversation:
         if kinds is None:
             self.parsed = False
             return turn
-        if not self._ready:
+        if not self.ready:
             return turn
         trip = 0
-        if any(k in _WAITS for k in kinds) and self.outstanding == 0 and self._answered:
+        if self._waits(kinds) and self.outstanding == 0 and self._answered:
             trip, self._answered = 1, False
         self.outstanding += sum(k in (b"Q", b"S") for k in kinds)
         return trip
+
+    def _waits(self, kinds: list[bytes]) -> bool:
+        """Whether ``kinds`` ask the server for something: a query or a Sync always, a
+        Flush only after statements not yet asked for (psycopg may flush once more after
+        a Sync's answer, and then waits on nothing)."""
+        waits = False
+        for kind in kinds:
+            if kind in (b"Q", b"S"):
+                waits, self._unasked = True, False
+            elif kind == b"H":
+                waits, self._unasked = waits or self._unasked, False
+            else:
+                self._unasked = True
+        return waits
 
     def server(self, chunk: bytes) -> int:
         self._last = "server"
@@ -220,13 +247,11 @@ class _Conversation:
             if kinds is None or self._server.encrypted:
                 self.parsed = False
             else:
-                self._ready = self._ready or b"Z" in kinds
+                self.ready = self.ready or b"Z" in kinds
                 self.outstanding = max(0, self.outstanding - kinds.count(b"Z"))
         return 0
 
 
-#: The client's messages it waits on: a query, a pipeline's Sync, a Flush.
-_WAITS: Final = (b"Q", b"S", b"H")
 _SSL_REQUEST: Final = 80877103
 _GSS_REQUEST: Final = 80877104
 
@@ -237,7 +262,6 @@ class _Frames:
     def __init__(self, *, untyped: int) -> None:
         self._buffer = b""
         self._untyped = untyped
-        self.startup_done = untyped == 0
         self.ssl_asked = False
         self.ssl_answered = False
         self.expect_ssl_answer = False
@@ -267,7 +291,6 @@ class _Frames:
                     self.ssl_asked = True
                 else:
                     self._untyped = 0
-                    self.startup_done = True
                 continue
             if len(self._buffer) < 5:
                 break
