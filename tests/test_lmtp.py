@@ -16,6 +16,7 @@ import sqlite3
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from masd.edges.lmtp import (
     LmtpHandler,
     LmtpListenError,
     new_message_ref,
+    received_at,
     start_lmtp,
 )
 from masd.metrics import Metrics
@@ -622,6 +624,25 @@ def test_message_refs_sort_by_time_and_stay_unique() -> None:
     assert len(same_moment) == 10_000
     assert all(len(r) == 4 + 32 and r.startswith("msg-") for r in refs)
     int(refs[0][4:], 16)  # hex
+
+
+def _iso_ms(now: float) -> str:
+    return datetime.fromtimestamp(now, tz=UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+@given(st.floats(min_value=0, max_value=4_102_444_800, allow_nan=False))
+def test_received_at_is_what_datetime_writes(now: float) -> None:
+    assert received_at(now) == _iso_ms(now)
+
+
+def test_received_at_at_the_edges_of_a_second_and_a_millisecond() -> None:
+    # Rounded half-even to the microsecond first, as datetime does: 0.9999996 s
+    # is the next second, 0.0009995 the first millisecond; and a second cached
+    # while the next one is asked for.
+    start = 1_795_000_000
+    for frac in (0.0, 0.0004994, 0.0009995, 0.4999995, 0.9994999, 0.9999994, 0.9999996):
+        for now in (start + frac, start + 1 + frac, start + frac):
+            assert received_at(now) == _iso_ms(now), now
 
 
 def test_data_sent_in_small_pieces_is_stored_as_sent(tmp_path: Path) -> None:

@@ -19,10 +19,11 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
+import math
 import secrets
 import socket
+import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Final
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
@@ -86,13 +87,24 @@ METRIC: Final = "masd_deliveries_total"
 REFUSED_METRIC: Final = "masd_connections_refused_total"
 
 
+#: The second :func:`received_at` last formatted, and its text (replaced whole, so a
+#: parse on a worker thread reads one consistent pair).
+_second: tuple[int, str] = (-1, "")
+
+
 def received_at(now: float) -> str:
-    """RFC 3339 UTC timestamp, millisecond precision."""
-    return (
-        datetime.fromtimestamp(now, tz=UTC)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
+    """RFC 3339 UTC timestamp, millisecond precision (what ``datetime`` writes: the
+    time rounded half-even to the microsecond, then cut to the millisecond); the
+    date and time of each second are formatted once."""
+    global _second
+    second = math.floor(now)
+    micros = round((now - second) * 1_000_000)
+    if micros >= 1_000_000:
+        second, micros = second + 1, micros - 1_000_000
+    cached = _second
+    if cached[0] != second:
+        cached = _second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+    return f"{cached[1]}.{micros // 1000:03d}Z"
 
 
 def _sender(mail_from: str | None) -> str:

@@ -40,10 +40,14 @@ class _Loaded:
     directory: Directory
     #: TypeViews already built, per (domain, type) as asked, for this config.
     views: dict[tuple[str, str], TypeView]
+    #: The MTAs this config trusts, built once (every mail asks).
+    trust: TrustSettings
 
 
 def _loaded(config: Config) -> _Loaded:
-    return _Loaded(config, Directory(peers_of(config)), {})
+    server = config.server
+    trust = TrustSettings(frozenset(server.trusted_authserv_ids), frozenset(server.trusted_hosts))
+    return _Loaded(config, Directory(peers_of(config)), {}, trust)
 
 
 class Runtime:
@@ -118,10 +122,7 @@ class Runtime:
         return view
 
     def trust(self) -> TrustSettings:
-        server = self.config.server
-        return TrustSettings(
-            frozenset(server.trusted_authserv_ids), frozenset(server.trusted_hosts)
-        )
+        return self._loaded.trust
 
     def master_of(self, domain: str, type_: str) -> Peer:
         master = self.type_config(domain, type_).master
