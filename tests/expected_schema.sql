@@ -40,11 +40,11 @@ CREATE TABLE cases (
 CREATE INDEX cases_domain_type ON cases (domain, type);
 
 -- table deliveries
-CREATE TABLE deliveries (
+CREATE TABLE "deliveries" (
     dedupe      TEXT PRIMARY KEY NOT NULL,
     message_ref TEXT NOT NULL,
     at          REAL NOT NULL
-) STRICT;
+) STRICT, WITHOUT ROWID;
 
 -- index deliveries_at
 CREATE INDEX deliveries_at ON deliveries (at);
@@ -80,14 +80,14 @@ CREATE TABLE id_counters (
 ) STRICT;
 
 -- table idempotency
-CREATE TABLE idempotency (
+CREATE TABLE "idempotency" (
     peer   TEXT NOT NULL,
     id     TEXT NOT NULL,
     status INTEGER NOT NULL,
     body   TEXT NOT NULL,
     at     REAL NOT NULL,
     PRIMARY KEY (peer, id)
-) STRICT;
+) STRICT, WITHOUT ROWID;
 
 -- index idempotency_at
 CREATE INDEX idempotency_at ON idempotency (at);
@@ -187,7 +187,7 @@ CREATE TABLE send_log (
 CREATE INDEX send_log_recipient ON send_log (recipient, at);
 
 -- table statuses
-CREATE TABLE statuses (
+CREATE TABLE "statuses" (
     handoff_id TEXT NOT NULL REFERENCES handoffs (handoff_id),
     n          INTEGER NOT NULL CHECK (n >= 1),
     seq        INTEGER,
@@ -196,7 +196,7 @@ CREATE TABLE statuses (
     data       TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(data)),
     at         REAL NOT NULL,
     PRIMARY KEY (handoff_id, n)
-) STRICT;
+) STRICT, WITHOUT ROWID;
 
 -- table suppressions
 CREATE TABLE suppressions (

@@ -26,7 +26,12 @@ from masd.store import StoreError, migrate
 from masd.store.pg_admin import connect, recorded
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_schema import MIGRATIONS
-from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, Migration
+from masd.store.schema import (
+    ERASABLE_VERSION,
+    HOSTS_ADD_UP_VERSION,
+    KEYED_TABLES_VERSION,
+    Migration,
+)
 
 EXPECTED = Path(__file__).parent / "expected_schema_pg.sql"
 
@@ -38,6 +43,7 @@ RELEASED = {
     4: "368c0c7ac1306875b5acaefe618d3274e98b58e53daca8b5578b04e077e70665",
     ERASABLE_VERSION: "b4486267e2fce49513235fbb8a14d5843c4ee80a2389b9ccf273bce20d52a51f",
     HOSTS_ADD_UP_VERSION: "42a82076515191e478a4165c6b3bf422f65cd3aa84bad776688595cd64cd11e2",
+    KEYED_TABLES_VERSION: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
 }
 
 _ANY = re.compile(r"CHECK \(\((\w+) = ANY \(ARRAY\[([^\]]*)\]\)\)\)")
@@ -163,7 +169,7 @@ def test_migrating_again_applies_nothing_and_a_newer_store_is_refused(
     postgres: Database,  # noqa: F811
 ) -> None:
     names = [m.name for m in MIGRATIONS]
-    assert names[-1] == "hosts-add-up"
+    assert names[-1] == "keyed-tables"
     assert pg_migrate(postgres.uri, postgres.password) == names
     assert pg_migrate(postgres.uri, postgres.password) == []
     with connect(postgres.uri, postgres.password) as conn:

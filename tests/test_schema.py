@@ -26,7 +26,7 @@ from masd.core import kinds
 from masd.core.engine import Status, Thread
 from masd.core.status import MACHINE
 from masd.store import MIGRATIONS, migrate
-from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION
+from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, KEYED_TABLES_VERSION
 
 EXPECTED = Path(__file__).parent / "expected_schema.sql"
 
@@ -39,6 +39,7 @@ RELEASED = {
     4: "f3bcdc266d3a32aaedf0d6e382e47ce10e5b19bacb927a883fbb43390fe8c79d",
     ERASABLE_VERSION: "2c9e91c474044cdb61d3108ee3eb8f4872b140624ae972669aff14776bef3302",
     HOSTS_ADD_UP_VERSION: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
+    KEYED_TABLES_VERSION: "7865e1f6fd6b0207b7812d1db8b493a564c7cb5b249e42d61d44b64684353aa2",
 }
 
 _CHECK_IN = re.compile(r"CHECK \((\w+) IN \(([^)]*)\)\)")

@@ -57,6 +57,8 @@ COUNTERS: Final = {
     "thread": ("pos", ("thread",)),
     "send_log": ("id", ("send_log",)),
 }
+#: SQLite's tables kept in their key's B-tree (no ``rowid``), read in their key's order.
+KEY_ORDER: Final = {"deliveries": "dedupe", "statuses": "handoff_id, n", "idempotency": "peer, id"}
 BATCH: Final = 500
 #: Fewer rows at a time where a row may be a whole mail (up to max_message_bytes).
 BATCH_OF: Final = {"messages": 4}
@@ -170,7 +172,8 @@ class _Sqlite:
 
     def rows(self, table: str, columns: Sequence[str]) -> Iterator[list[Row]]:
         listed = ", ".join(map(_ident, columns))
-        cursor = self.conn.execute(f"SELECT {listed} FROM {_ident(table)} ORDER BY rowid")  # noqa: S608
+        order = KEY_ORDER.get(table, "rowid")
+        cursor = self.conn.execute(f"SELECT {listed} FROM {_ident(table)} ORDER BY {order}")  # noqa: S608
         while batch := cursor.fetchmany(BATCH_OF.get(table, BATCH)):
             yield [tuple(r) for r in batch]
 

@@ -56,7 +56,16 @@ from __future__ import annotations
 
 from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, Migration
 
-__all__ = ["BOUNCES", "ERASABLE", "HOSTS_ADD_UP", "INITIAL", "MIGRATIONS", "RAW_LAST", "READ_SIDE"]
+__all__ = [
+    "BOUNCES",
+    "ERASABLE",
+    "HOSTS_ADD_UP",
+    "INITIAL",
+    "KEYED_TABLES",
+    "MIGRATIONS",
+    "RAW_LAST",
+    "READ_SIDE",
+]
 
 #: Migration 1, as released.
 INITIAL = """
@@ -338,6 +347,15 @@ ALTER TABLE thread ALTER COLUMN pos SET DEFAULT masd_thread_pos();
 ALTER TABLE cases ADD COLUMN thread_xid xid8;
 """
 
+#: The version of the migration :data:`KEYED_TABLES` (on both backends).
+KEYED_TABLES_VERSION = 7
+
+#: Migration 7, as released: nothing changes on PostgreSQL.  SQLite's migration 7 keeps
+#: three tables in their primary key's B-tree (``WITHOUT ROWID``); PostgreSQL's tables
+#: have no row number to drop, and the version is recorded so that a store's version
+#: means the same on either kind.
+KEYED_TABLES = "SELECT 1"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
@@ -345,4 +363,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "bounces", BOUNCES),
     Migration(ERASABLE_VERSION, "erasable", ERASABLE),
     Migration(HOSTS_ADD_UP_VERSION, "hosts-add-up", HOSTS_ADD_UP),
+    Migration(KEYED_TABLES_VERSION, "keyed-tables", KEYED_TABLES),
 )

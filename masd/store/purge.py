@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from masd.store.sql import Tx, dialect, run
+from masd.store.sql import Tx, run
 
 
 def purge(
@@ -15,19 +15,18 @@ def purge(
 ) -> dict[str, int]:
     """Delete at most ``limit`` rows per table older than its bound; the rows
     removed per table.  Cases, messages, threads and failed outbox rows are kept."""
-    d = dialect(tx)
-    deliveries, answers = d.row_order("dedupe"), d.row_order("(peer, id)")
+    # Both tables are found by their keys (SQLite keeps them without row numbers).
     return {
         "deliveries": run(
             tx,
-            f"DELETE FROM deliveries WHERE {deliveries} IN "  # noqa: S608 - dialect words only
-            f"(SELECT {deliveries.strip('()')} FROM deliveries WHERE at < ? LIMIT ?)",
+            "DELETE FROM deliveries WHERE dedupe IN "
+            "(SELECT dedupe FROM deliveries WHERE at < ? LIMIT ?)",
             (deliveries_before, limit),
         ),
         "idempotency": run(
             tx,
-            f"DELETE FROM idempotency WHERE {answers} IN "  # noqa: S608 - dialect words only
-            f"(SELECT {answers.strip('()')} FROM idempotency WHERE at < ? LIMIT ?)",
+            "DELETE FROM idempotency WHERE (peer, id) IN "
+            "(SELECT peer, id FROM idempotency WHERE at < ? LIMIT ?)",
             (idempotency_before, limit),
         ),
         "outbox": run(
