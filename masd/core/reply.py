@@ -213,7 +213,7 @@ def own_words(text: str, *, quote_cut: bool = False, from_html: bool = False) ->
         start = _attribution_start(lines, len(lines) - 1) if lines else None
         if start is not None:
             lines, cut = lines[:start], True
-    kept = _trim(lines, from_html)
+    kept = _trim(lines, from_html, dashes=text.startswith("--") or "\n--" in text)
     if kept is None:
         if not cut:
             return None
@@ -221,14 +221,17 @@ def own_words(text: str, *, quote_cut: bool = False, from_html: bool = False) ->
     return "\n".join(line.rstrip() for line in kept).strip("\n")
 
 
-def _trim(lines: list[str], from_html: bool) -> list[str] | None:
-    """The lines kept, or None when nothing is removed."""
+def _trim(lines: list[str], from_html: bool, *, dashes: bool) -> list[str] | None:
+    """The lines kept, or None when nothing is removed.  ``dashes``: some line
+    starts with ``--`` (else no signature delimiter can be found: every list
+    looked at below is a prefix of ``lines``)."""
     whole = _drop_blank_tail(lines)
     end = _cut_all(whole, from_html)
     kept = whole if end == len(whole) else _drop_blank_tail(whole[:end])
     for _ in range(_MAX_ROUNDS):
         before = len(kept)
-        kept = _drop_list_footer(_drop_sign_offs(_drop_signature(_drop_quote_tail(kept))))
+        unquoted = _drop_quote_tail(kept)
+        kept = _drop_list_footer(_drop_sign_offs(_drop_signature(unquoted) if dashes else unquoted))
         if len(kept) == before:
             break
         kept = _drop_blank_tail(kept)
