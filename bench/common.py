@@ -92,6 +92,28 @@ def cpu_seconds(pid: int) -> float:
     return total / _TICK
 
 
+def system_seconds(pid: int) -> float:
+    """The part of :func:`cpu_seconds` spent in the kernel (system time)."""
+    total = 0
+    for p in tree(pid):
+        fields = _stat(p)
+        if fields is not None:
+            total += int(fields[12]) + int(fields[14])  # stime, cstime
+    return total / _TICK
+
+
+def switches(pid: int) -> int:
+    """Context switches so far of every thread of ``pid`` and its live descendants."""
+    total = 0
+    for p in tree(pid):
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                for line in (task / "status").read_text().splitlines():
+                    if "ctxt_switches:" in line:  # voluntary and not
+                        total += int(line.split()[1])
+    return total
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory of ``pid`` and its live descendants."""
     total = 0
@@ -147,6 +169,12 @@ class Server:
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
+
+    def system(self) -> float:
+        return system_seconds(self.pid)
+
+    def switches(self) -> int:
+        return switches(self.pid)
 
     def rss(self) -> int:
         return rss_bytes(self.pid)

@@ -58,6 +58,8 @@ class Point:
     round: int
     rate: float  # mails per second over the pass
     cpu_ms: float  # masd's CPU per mail
+    system_ms: float = 0.0  # of which in the kernel
+    switches: float = 0.0  # context switches of masd's threads per mail
 
 
 def say(text: str) -> None:
@@ -173,16 +175,25 @@ def measure(
             authenticated = path == "ack"
             _pass(setup.lmtp_port, sessions, WARM_UP, f"warm-{round_}", authenticated)
             landed(setup, relay, WARM_UP)
-            cpu = server.cpu()
+            cpu, system, switched = server.cpu(), server.system(), server.switches()
             with Profiler(profile, f"{path}-{_slug(build)}-r{round_}", server.pid):
                 seconds = _pass(setup.lmtp_port, sessions, count, f"run-{round_}", authenticated)
                 landed(setup, relay, WARM_UP + count)
-            cpu = server.cpu() - cpu
+            cpu, system = server.cpu() - cpu, server.system() - system
+            switched = server.switches() - switched
         finally:
             code = server.stop()
         if code != 0:
             raise BenchError(f"{build.name} exited {code} on SIGTERM:\n{server.tail()}")
-    return Point(path, build.name, round_, count / seconds, 1000 * cpu / count)
+    return Point(
+        path,
+        build.name,
+        round_,
+        count / seconds,
+        1000 * cpu / count,
+        1000 * system / count,
+        switched / count,
+    )
 
 
 def _arrived_at_least(relay: acks.Relay, n: int, timeout: float = 120) -> None:
@@ -222,7 +233,8 @@ def run(
                 points.append(p)
                 out(
                     f"  round {round_} {path:<6} {build.name:<14} {p.rate:8.1f} mails/s"
-                    f"  {p.cpu_ms:6.3f} ms CPU/mail"
+                    f"  {p.cpu_ms:6.3f} ms CPU/mail ({p.system_ms:5.3f} in the kernel)"
+                    f"  {p.switches:5.1f} context switches/mail"
                 )
     return points
 
