@@ -251,7 +251,6 @@ class Outbox:
                 self._heads.turned_away(lane, item)
                 continue
             self._heads.handed.pop(item.id, None)
-            self._sending[item.queue] = item  # from now on an erase breaks it off
             self._in_flight[item.queue] = asyncio.create_task(
                 self._attempt(item, lane, probe), name=f"masd-outbox-{item.id}"
             )
@@ -269,6 +268,7 @@ class Outbox:
             if not await outbox_leases.claimed(self._store, item):
                 return  # another host holds it; looked at again when its lease ends
             async with outbox_leases.leased(self._store, item):
+                self._sending[item.queue] = item
                 try:
                     outcome = await self._send(item)
                 finally:
@@ -285,7 +285,6 @@ class Outbox:
             if not judged:  # cancelled at stop: no verdict on the peer
                 self._lanes.judge(lane, None, self._clock.now(), probe=probe)
                 self._lanes.release(lane)
-            self._sending.pop(item.queue, None)
             self._in_flight.pop(item.queue, None)
             self._heads.send_ended(item)  # its next head, or this row again later
             self._wake.set()
