@@ -120,7 +120,7 @@ class Wakeup:
         if wakes.erased and self.outbox is not None:
             self.outbox.abandon(wakes.erased)
         if wakes.outbox and self.outbox is not None:
-            self.outbox.wake(wakes.queues)
+            self.outbox.wake(wakes.queues, wakes.rows)
         if wakes.deadline is not None and self.timer is not None:
             self.timer.wake_for(wakes.deadline)
 

@@ -42,12 +42,12 @@ import functools
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from masd import service
 from masd.config import Dkim
-from masd.edges import outbox_heads
+from masd.edges import outbox_heads, outbox_leases
 from masd.edges.batch import Batch
 from masd.edges.context import EdgeContext
 from masd.edges.contract_client import ContractClient
@@ -68,8 +68,10 @@ SMTP_TIMEOUT: Final = 30.0
 STOP_GRACE: Final = 10.0
 #: How long the loop rests after the store failed it, before looking again.
 STORE_PAUSE: Final = 1.0
-#: Counter of wakes from outside (a commit queued rows): each costs the loop a read.
+#: Counter of wakes from outside (a commit queued rows).
 WAKES_METRIC: Final = "masd_outbox_wakes_total"
+#: The store is looked at this often at least, for rows no wake told of.
+LOOK_SECONDS: Final = 5.0
 _MESSAGE_ID = re.compile(r"^Message-ID:[ \t]*(\S+)", re.IGNORECASE | re.MULTILINE)
 
 
@@ -138,17 +140,25 @@ class Outbox:
             raise RuntimeError("Outbox already started")
         self._task = asyncio.create_task(self._run(), name="masd-outbox")
 
-    def wake(self, queues: Iterable[str] = ()) -> None:
-        """Look at the outbox now (new rows may have been committed), and at the
-        heads of ``queues`` (an operator made one due now, or dropped it)."""
+    def wake(self, queues: Iterable[str] = (), rows: Sequence[OutboxItem] = ()) -> None:
+        """New rows were committed: ``rows``, each its queue's head, are sent without
+        reading them back; without them, look at the outbox now.  Look at the heads of
+        ``queues`` too (an operator made one due now, or dropped it)."""
         self._metrics.inc(WAKES_METRIC)
-        self._requeued.update(queues)
+        requeued = frozenset(queues)
+        self._heads.hand(rows)
+        if requeued or not rows:
+            self._heads.unhanded()
+        self._requeued |= requeued
         self._wake.set()
 
     def abandon(self, case_keys: Iterable[str]) -> None:
         """Break off the sends under way of these cases (erased: their rows are gone), so
         nothing but the cancel the erase queued goes out of them (docs/protocol.md §16.11)."""
         keys = frozenset(case_keys)
+        for item_id, row in list(self._heads.handed.items()):
+            if row.case_key in keys:
+                del self._heads.handed[item_id]
         for queue, item in list(self._sending.items()):
             task = self._in_flight.get(queue)
             if item.case_key in keys and task is not None:
@@ -192,29 +202,42 @@ class Outbox:
     # -- the loop ---------------------------------------------------------------
 
     async def _run(self) -> None:
+        heads = self._heads
         while not self._stopping:
             self._wake.clear()  # before reading: a wake from now on is not lost
             # Not into a look under way: it may have read those heads before they changed.
-            self._heads.ended |= self._requeued
+            heads.ended |= self._requeued
             self._requeued = set()
             now = self._clock.now()
-            ask = self._heads.ask(now, frozenset(self._in_flight), self._lanes.rooms(now))
-            try:
-                found = await self._store.read(functools.partial(outbox_heads.look, ask=ask))
-            except Exception as exc:  # noqa: BLE001 - the store failing must not end the loop
-                log.warning("outbox read failed error=%s", exc)
-                await _pause(self._wake, STORE_PAUSE)
-                continue
-            if self._stopping:
-                break
+            # Handed rows first: a look asked after them counts their queues as busy.
+            self._start_sends(heads.startable(frozenset(self._in_flight)), now)
+            rooms = self._lanes.rooms(now)
+            if heads.must_look(now, rooms, LOOK_SECONDS):
+                if not await self._look(now, rooms):
+                    continue
+                if self._stopping:
+                    break
+                if heads.more:
+                    continue  # a page of new rows or of rows falling due was full
+                if heads.next_at is not None and heads.next_at <= self._clock.now():
+                    continue  # a row fell due meanwhile
+            times = (heads.next_at, self._lanes.next_open(now), heads.looked_at + LOOK_SECONDS)
+            await self._clock.wait(self._wake, min(t for t in times if t is not None))
+
+    async def _look(self, now: float, rooms: dict[str, int]) -> bool:
+        """Read what may have changed since the last look and start it; False: the
+        store failed (after a pause)."""
+        ask = self._heads.ask(now, frozenset(self._in_flight), rooms)
+        try:
+            found = await self._store.read(functools.partial(outbox_heads.look, ask=ask))
+        except Exception as exc:  # noqa: BLE001 - the store failing must not end the loop
+            log.warning("outbox read failed error=%s", exc)
+            await _pause(self._wake, STORE_PAUSE)
+            return False
+        if not self._stopping:
             self._heads.update(ask, found)
             self._start_sends(found.items, now)
-            if found.more:
-                continue  # a page of new rows or of rows falling due was full
-            if found.next_at is not None and found.next_at <= self._clock.now():
-                continue  # a row fell due meanwhile
-            wake_at = [t for t in (found.next_at, self._lanes.next_open(now)) if t is not None]
-            await self._clock.wait(self._wake, min(wake_at, default=None))
+        return True
 
     def _start_sends(self, items: list[OutboxItem], now: float) -> None:
         """Start what the lanes admit; the others wait for room in their lane."""
@@ -227,6 +250,7 @@ class Outbox:
             if probe is None:
                 self._heads.turned_away(lane, item)
                 continue
+            self._heads.handed.pop(item.id, None)
             self._in_flight[item.queue] = asyncio.create_task(
                 self._attempt(item, lane, probe), name=f"masd-outbox-{item.id}"
             )
@@ -238,57 +262,12 @@ class Outbox:
         url = item.url or (peer.url if peer is not None else "")
         return origin(url) or f"peer:{item.peer}"
 
-    async def _claimed(self, item: OutboxItem) -> bool:
-        """Whether this host sends ``item`` now: always where it is the store's one
-        writer; where several hosts share the store, once it holds the row's lease."""
-        lease: float | None = getattr(self._store, "claim_seconds", None)
-        if lease is None:
-            return True
-        host: str = getattr(self._store, "host", "")
-        try:
-            taken = await self._store.write(
-                lambda db: service.outbox_claim(db, [item.id], host, lease)
-            )
-        except Exception as exc:  # noqa: BLE001 - the store failing must not end the loop
-            log.warning("outbox claim failed id=%s error=%s", item.id, exc)
-            return False
-        return item.id in taken
-
-    @contextlib.asynccontextmanager
-    async def _leased(self, item: OutboxItem) -> AsyncIterator[None]:
-        """While a send lasts, renew its lease every third of it (several hosts only)."""
-        lease: float | None = getattr(self._store, "claim_seconds", None)
-        if lease is None:
-            yield
-            return
-        renewer = asyncio.create_task(self._renew(item, lease), name=f"masd-lease-{item.id}")
-        try:
-            yield
-        finally:
-            renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
-
-    async def _renew(self, item: OutboxItem, lease: float) -> None:
-        host: str = getattr(self._store, "host", "")
-        while True:
-            await asyncio.sleep(lease / 3)
-            try:
-                held = await self._store.write(
-                    lambda db: service.outbox_renew(db, item.id, host, lease)
-                )
-            except Exception as exc:  # noqa: BLE001 - the send goes on; the lease may lapse
-                log.warning("outbox lease renewal failed id=%s error=%s", item.id, exc)
-                continue
-            if not held:
-                log.warning("outbox lease lost id=%s: another host may send it too", item.id)
-                return
-
     async def _attempt(self, item: OutboxItem, lane: str, probe: bool) -> None:
         judged = False
         try:
-            if not await self._claimed(item):
+            if not await outbox_leases.claimed(self._store, item):
                 return  # another host holds it; looked at again when its lease ends
-            async with self._leased(item):
+            async with outbox_leases.leased(self._store, item):
                 self._sending[item.queue] = item
                 try:
                     outcome = await self._send(item)
@@ -307,7 +286,7 @@ class Outbox:
                 self._lanes.judge(lane, None, self._clock.now(), probe=probe)
                 self._lanes.release(lane)
             self._in_flight.pop(item.queue, None)
-            self._heads.ended.add(item.queue)  # its next head, or this row again later
+            self._heads.send_ended(item)  # its next head, or this row again later
             self._wake.set()
 
     def _judge(self, lane: str, outcome: Attempt, probe: bool) -> None:
@@ -379,9 +358,11 @@ class Outbox:
         refused (:meth:`_keep` records it after a backoff); None for any other outcome."""
         if item.kind != "mail" or outcome.result != "done":
             return None
-        now = self._clock.now()
+        now, mark = self._clock.now(), self._heads.bare
         try:
-            await self._store.write(lambda db: service.outbox_relayed(db, item.id, now))
+            done, behind = await self._store.write(
+                lambda db: service.outbox_relayed(db, item.id, now)
+            )
         except Exception as exc:  # noqa: BLE001 - recorded by _keep after a backoff
             self._metrics.inc("masd_outbox_record_failures_total", kind=item.kind)
             log.warning(
@@ -390,6 +371,8 @@ class Outbox:
                 json.dumps(str(exc)),
             )
             return False
+        if done and not behind and outbox_leases.lease_of(self._store) is None:
+            self._heads.alone[item.id] = mark  # nothing of its queue to look for
         return True
 
     async def _keep(self, item: OutboxItem, outcome: Attempt, *, relayed: bool | None) -> None:

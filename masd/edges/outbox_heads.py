@@ -23,6 +23,7 @@ asked are dropped: that send may have ended while the store was read.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -97,7 +98,8 @@ def look(db: Tx, ask: Ask) -> Found:
 
 @dataclass
 class HeadFinder:
-    """The cursors of the looks, the queues whose send ended, the lanes with heads waiting."""
+    """The cursors of the looks, the queues whose send ended, the lanes with heads waiting,
+    the rows handed with the wakes (:meth:`hand`), and whether the store must be looked at."""
 
     after_id: int | None = None
     due_since: tuple[float, int] | None = None
@@ -106,6 +108,61 @@ class HeadFinder:
     waiting: dict[str, int] = field(default_factory=dict)
     #: lane -> the peer ids whose rows were seen in it
     peers: dict[str, set[str]] = field(default_factory=dict)
+    #: rows handed with a wake and not yet started (id -> row): each its queue's head
+    handed: dict[int, OutboxItem] = field(default_factory=dict)
+    #: wakes that came without their rows so far (:meth:`unhanded`)
+    bare: int = 0
+    #: ``bare`` as the last look was asked
+    bare_asked: int = -1
+    #: what the last look found: a page was full, the next row falling due, when
+    more: bool = False
+    next_at: float | None = None
+    looked_at: float = float("-inf")
+    #: the highest id a look found to send (a row handed later may have been sent)
+    found_up_to: int = 0
+    #: ids handed beyond ``after_id`` + 1, to move the cursor past once it reaches them
+    ahead: set[int] = field(default_factory=set)
+    #: mails sent whose queue had no other row pending as their outcome was written
+    #: (id -> ``bare`` before that write)
+    alone: dict[int, int] = field(default_factory=dict)
+
+    def hand(self, rows: Iterable[OutboxItem]) -> None:
+        """Rows a commit queued, each its queue's head: started without a look, and
+        the cursor of new rows moved past them (as a look would have)."""
+        for row in rows:
+            if row.id <= max(self.after_id or 0, self.found_up_to):
+                self.unhanded()  # a look may have found it: the next one says
+                continue
+            self.handed[row.id] = row
+            self.ahead.add(row.id)
+        self._advance()
+
+    def _advance(self) -> None:
+        self.ahead = {i for i in self.ahead if self.after_id is None or i > self.after_id}
+        while self.after_id is not None and self.after_id + 1 in self.ahead:
+            self.after_id += 1
+            self.ahead.discard(self.after_id)
+
+    def unhanded(self) -> None:
+        """A wake without its rows (or with queues to look at): the next turn looks."""
+        self.bare += 1
+
+    def startable(self, busy: frozenset[str]) -> list[OutboxItem]:
+        """The handed rows whose queue has no send under way, oldest first (the others
+        wait behind it: each is taken off :attr:`handed` once it is started)."""
+        return sorted((r for r in self.handed.values() if r.queue not in busy), key=_by_id)
+
+    def must_look(self, now: float, rooms: Mapping[str, int], every: float) -> bool:
+        """Whether this turn reads the store; ``every``: seconds between looks at most."""
+        return (
+            self.after_id is None  # the first look: rows left pending from before
+            or self.bare != self.bare_asked
+            or bool(self.ended)
+            or self.more
+            or (self.next_at is not None and self.next_at <= now)
+            or any(rooms.get(lane, 0) > 0 for lane in self.waiting)
+            or now >= self.looked_at + every
+        )
 
     def ask(self, now: float, busy: frozenset[str], rooms: dict[str, int]) -> Ask:
         """A look at ``now``; ``rooms``: lanes that admit sends now, and how many."""
@@ -114,13 +171,18 @@ class HeadFinder:
             for lane, from_id in sorted(self.waiting.items())
             if rooms.get(lane, 0) > 0
         )
+        self.bare_asked = self.bare
         return Ask(now, self.after_id, self.due_since, frozenset(self.ended), fills, busy)
 
     def update(self, ask: Ask, found: Found) -> None:
         """Move the cursors past what ``found`` covered (before its items are started)."""
-        self.after_id = found.after_id
+        # Rows handed while the store was read may have moved the cursor further.
+        self.after_id = max(found.after_id, self.after_id or 0)
+        self._advance()
         self.due_since = found.due_since
         self.ended -= ask.ended
+        self.more, self.next_at, self.looked_at = found.more, found.next_at, ask.now
+        self.found_up_to = max([self.found_up_to, *(i.id for i in found.items)])
         for f in ask.fills:
             count, last = found.filled.get(f.lane, (0, f.from_id))
             if count < f.room:
@@ -128,9 +190,21 @@ class HeadFinder:
             else:
                 self.waiting[f.lane] = last + 1
 
+    def send_ended(self, item: OutboxItem) -> None:
+        """``item``'s send ended: its queue's next head is looked for, unless none of its
+        queue was pending as its outcome was written and every wake since came with its
+        rows (a row queued after that was handed, as its queue's head)."""
+        if self.alone.pop(item.id, None) != self.bare:
+            self.ended.add(item.queue)
+
     def seen(self, lane: str, item: OutboxItem) -> None:
         self.peers.setdefault(lane, set()).add(item.peer or "")
 
     def turned_away(self, lane: str, item: OutboxItem) -> None:
         """``lane`` could not take ``item`` now: look for it again when the lane has room."""
+        self.handed.pop(item.id, None)
         self.waiting[lane] = min(self.waiting.get(lane, _LAST_ID), item.id)
+
+
+def _by_id(item: OutboxItem) -> int:
+    return item.id

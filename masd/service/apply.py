@@ -87,6 +87,7 @@ class _Applying:
         self.recorded = recorded
         self.refusals: list[str | None] = []
         self.queued = False
+        self.handed: list[outbox.OutboxItem] | None = []  # None: one waits behind another
         self.deadline: float | None = None
         self.statuses: list[Status] = []
 
@@ -103,14 +104,17 @@ class _Applying:
         """One outbox row; rows of one ``queue`` are delivered in order (docs/protocol.md §10).
         Returns its id, which the thread entry recording the send names."""
         retry_for = self.job.rt.config.server.retry_for
-        outbox_id = outbox.queue(self.tx, row, self.now, self.now + retry_for)
+        item, head = outbox.queue_item(self.tx, row, self.now, self.now + retry_for)
         self.queued = True  # the job's Wakes: the outbox has work once it commits
-        return outbox_id
+        # Handed to the outbox with the wake while each is its queue's head; one behind
+        # another is the outbox's to look for when the one before it is sent.
+        self.handed = [*self.handed, item] if head and self.handed is not None else None
+        return item.id
 
     def result(self) -> Applied:
         wakes = NO_WAKES
         if self.queued or self.deadline is not None:
-            wakes = Wakes(self.queued, self.deadline)
+            wakes = Wakes(self.queued, self.deadline, rows=tuple(self.handed or ()))
         return Applied(tuple(self.refusals), wakes, tuple(self.statuses))
 
 

@@ -4,7 +4,7 @@ running job, and what a committed job woke."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Protocol
 
@@ -20,7 +20,7 @@ from masd.service.peer_directory import (
     peers_of,
     webhook_peer_id,
 )
-from masd.store import Tx
+from masd.store import OutboxItem, Tx
 
 #: Cached TypeViews per Runtime, at most (see :meth:`Runtime.type_view`).
 MAX_TYPE_VIEWS = 1024
@@ -203,14 +203,27 @@ class Wakes:
     queues: frozenset[str] = frozenset()
     #: Cases the job erased: a send of theirs still under way is broken off.
     erased: frozenset[str] = frozenset()
+    #: The rows the job queued, as the outbox reads them, when each was its queue's head
+    #: as the job wrote it: handed to the outbox, which then sends them without reading
+    #: them back.  Empty when the job queued none, or any that waits behind another or
+    #: was written elsewhere than :func:`masd.service.apply.apply`: the outbox then
+    #: looks.  Not part of what a wake is (equal wakes may hand different rows).
+    rows: tuple[OutboxItem, ...] = field(default=(), compare=False)
+
+    @property
+    def handed(self) -> bool:
+        """Every row the job queued is in :attr:`rows` (nothing for the outbox to look for)."""
+        return bool(self.rows) or not self.outbox
 
     def __or__(self, other: Wakes) -> Wakes:
         deadlines = [d for d in (self.deadline, other.deadline) if d is not None]
+        handed = self.handed and other.handed
         return Wakes(
             self.outbox or other.outbox,
             min(deadlines) if deadlines else None,
             self.queues | other.queues,
             self.erased | other.erased,
+            self.rows + other.rows if handed else (),
         )
 
     @staticmethod

@@ -45,23 +45,35 @@ class NewRow:
 
 def queue(tx: Tx, row: NewRow, now: float, deliver_until: float) -> int:
     """Queue ``row``; its outbox id (a thread entry names its row by it)."""
+    return queue_item(tx, row, now, deliver_until)[0].id
+
+
+def queue_item(tx: Tx, row: NewRow, now: float, deliver_until: float) -> tuple[OutboxItem, bool]:
+    """Queue ``row``: the row as the sender reads it, and whether it is its queue's head
+    (no row of its queue before it is pending), both as of this transaction."""
+    payload = dumps(dict(row.payload))
     found = tuples(
         tx,
         "INSERT INTO outbox (kind, queue, peer, case_key, url, payload, created_at, "
-        "next_attempt_at, deliver_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        (
-            row.kind,
-            row.queue,
-            row.peer,
-            row.case_key,
-            row.url,
-            dumps(dict(row.payload)),
-            now,
-            now,
-            deliver_until,
-        ),
+        "next_attempt_at, deliver_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id, "
+        "NOT EXISTS (SELECT 1 FROM outbox p WHERE p.queue = outbox.queue "
+        "AND p.state = 'pending' AND p.id < outbox.id)",
+        (row.kind, row.queue, row.peer, row.case_key, row.url, payload, now, now, deliver_until),
     )
-    return int(found[0][0])
+    item_id, head = found[0]
+    item = OutboxItem(
+        int(item_id),
+        row.kind,
+        row.queue,
+        row.peer,
+        row.case_key,
+        row.url,
+        payload,
+        0,
+        deliver_until,
+        now,
+    )
+    return item, bool(head)
 
 
 def abandon_requests(
@@ -203,20 +215,23 @@ def done(tx: Tx, item_id: int, at: float | None = None) -> None:
     done_many(tx, (item_id,), at)
 
 
-def relayed(tx: Tx, item_id: int, at: float) -> bool:
+def relayed(tx: Tx, item_id: int, at: float) -> tuple[bool, bool]:
     """The relay took the mail of row ``item_id`` (its ``250``): done at ``at``, its lease
     (where hosts share the store) given back.  One statement, which the sender runs as a
     transaction of its own the moment the reply is in, batched with nothing: a host killed
     after the ``250`` leaves the row pending (sent again by another host once its lease
-    lapses, or after a restart) only if it died before this commit.  False when the row was
-    no longer pending (an operator dropped it meanwhile)."""
+    lapses, or after a restart) only if it died before this commit.  Whether the row was
+    still pending (False: an operator dropped it meanwhile), and whether another row of its
+    queue is pending (False: its queue has no head to look for, as of this commit)."""
     found = tuples(
         tx,
         "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "  # noqa: S608 - dialect words only
-        f"done_at = ?{dialect(tx).released()} WHERE id = ? AND state = 'pending' RETURNING id",
+        f"done_at = ?{dialect(tx).released()} WHERE id = ? AND state = 'pending' RETURNING id, "
+        "EXISTS (SELECT 1 FROM outbox p WHERE p.queue = outbox.queue AND p.state = 'pending' "
+        "AND p.id <> outbox.id)",
         (at, item_id),
     )
-    return bool(found)
+    return bool(found), bool(found and found[0][1])
 
 
 def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
