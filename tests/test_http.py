@@ -506,6 +506,9 @@ UNKEEPABLE_JSON = [
     (b'{"seq": 1, "seq": 2}', "seq", "given twice"),
     (b'{"case": {"key": "a", "key": "b"}}', "case.key", "given twice"),
     (b'{"detail": 1e999}', "detail", "too large"),
+    (b'{"x-note": {"k": "a\\u0000b"}}', "x-note.k", "NUL"),
+    (b'{"x-note": [1, 1, 1, 1, 9007199254740993]}', "x-note[4]", "outside"),
+    (b'{"x-note": {"k": 1, "k": 1}}', "x-note.k", "given twice"),
     (b'{"detail": NaN}', "body", "not JSON"),
     (b"\xff\xfe{}", "body", "not UTF-8"),
 ]
