@@ -263,6 +263,30 @@ def test_idempotency_returns_the_original_answer(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+def test_a_repeat_gets_the_kept_answer_before_its_schema_but_not_before_its_json(
+    tmp_path: Path,
+) -> None:
+    async def body(r: Running) -> None:
+        key, hid = await r.open_callback_case()
+        assert (await post(r, status_message(key, hid, 1, "running", mid="kept"))).json() == {
+            "ok": True
+        }
+        # docs/protocol.md §9.3: idempotency (8) before the schema (9) ...
+        schema = status_message(key, hid, "one", "dancing", mid="kept")
+        again = await post(r, schema)
+        assert (again.status_code, again.json()) == (200, {"ok": True})
+        # ... but after the JSON itself (4), in any field.
+        raw = json.dumps(status_message(key, hid, 2, "running", mid="kept"))
+        nul = raw[:-1] + ', "x-note": {"k": "a\\u0000b"}}'
+        refused(
+            await post(r, nul.encode()), 400, "invalid-message", "x-note.k: a string with a NUL"
+        )
+        twice = raw[:-1] + ', "x-note": 1, "x-note": 2}'
+        refused(await post(r, twice.encode()), 400, "invalid-message", "x-note: given twice")
+
+    run(tmp_path, body)
+
+
 def test_400_schema_faults_name_the_field(tmp_path: Path) -> None:
     async def body(r: Running) -> None:
         key, hid = await r.open_callback_case()
@@ -506,6 +530,9 @@ UNKEEPABLE_JSON = [
     (b'{"seq": 1, "seq": 2}', "seq", "given twice"),
     (b'{"case": {"key": "a", "key": "b"}}', "case.key", "given twice"),
     (b'{"detail": 1e999}', "detail", "too large"),
+    (b'{"x-note": {"k": "a\\u0000b"}}', "x-note.k", "NUL"),
+    (b'{"x-note": [1, 1, 1, 1, 9007199254740993]}', "x-note[4]", "outside"),
+    (b'{"x-note": {"k": 1, "k": 1}}', "x-note.k", "given twice"),
     (b'{"detail": NaN}', "body", "not JSON"),
     (b"\xff\xfe{}", "body", "not UTF-8"),
 ]

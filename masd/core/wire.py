@@ -215,6 +215,39 @@ def _constant(name: str) -> Any:
 
 _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
+#: A string holds a NUL or a surrogate only as an escape (RFC 8259 §7: a raw
+#: control character is not JSON, and UTF-8 decoding refused an encoded surrogate).
+_SUSPECT_ESCAPE: Final = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
+
+
+class _Walk(Exception):
+    """The screen of :func:`loads` cannot vouch for the text: walk it."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _Walk
+    return out
+
+
+def _short_int(text: str) -> int:
+    if len(text) > 15:  # 15 characters are within ±2^53, which has 16 digits
+        raise _Walk
+    return int(text)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Walk
+    return value
+
+
+_SCREENED: Final = json.JSONDecoder(
+    object_pairs_hook=_unique, parse_int=_short_int, parse_float=_finite, parse_constant=_constant
+)
+
 
 def loads(raw: bytes) -> Any:
     """The JSON value in ``raw`` (UTF-8), within docs/protocol.md §9's bounds.
@@ -225,13 +258,29 @@ def loads(raw: bytes) -> Any:
     """
     try:
         text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _bad(f"body: not JSON (not UTF-8: {exc.reason} at byte {exc.start})") from exc
+    # Most messages need no walk of their values: no string escape could give a
+    # NUL or a surrogate, no key is given twice, every number is short or finite
+    # (_SCREENED's hooks), and there are no more objects and arrays than
+    # MAX_DEPTH, so none is nested deeper.  Anything else, and every refusal,
+    # is the walk's (_walked).
+    if _SUSPECT_ESCAPE.search(text) is None and text.count("{") + text.count("[") <= MAX_DEPTH:
+        try:
+            return _SCREENED.decode(text)
+        except (_Walk, ValueError):
+            pass
+    return _walked(text)
+
+
+def _walked(text: str) -> Any:
+    """:func:`loads` for a text its screen did not pass: parsed, then every value checked."""
+    try:
         value = json.loads(
             text, object_pairs_hook=_object, parse_int=_int, parse_constant=_constant
         )
     except RecursionError as exc:  # far deeper than MAX_DEPTH
         raise _bad(f"body: JSON nested deeper than {MAX_DEPTH} levels") from exc
-    except UnicodeDecodeError as exc:
-        raise _bad(f"body: not JSON (not UTF-8: {exc.reason} at byte {exc.start})") from exc
     except ValueError as exc:
         raise _bad(f"body: not JSON ({exc})") from exc
     _check(value, "", 1)
