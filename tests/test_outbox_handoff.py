@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -120,5 +121,30 @@ def test_a_handed_row_whose_queue_is_busy_waits_and_goes_once(tmp_path: Path) ->
         finally:
             await outbox.stop()
         assert len(transport.sent) == 1
+
+    run_env(tmp_path, body, clock=TestClock(START))
+
+
+def test_a_handed_acknowledgement_is_the_row_as_stored_bounce_address_included(
+    tmp_path: Path,
+) -> None:
+    """The row's payload is written again once its id gives the bounce address: the row
+    handed with the wake is that one, so the mail goes out from its bounce address."""
+
+    async def body(env: Env) -> None:
+        got = await deliver(env, INTAKE, inbound(INTAKE)[0])
+        (handed,) = got.wakes.rows
+        stored = (await query(env, "SELECT payload FROM outbox WHERE id = ?", (handed.id,)))[0]
+        assert handed.payload == stored["payload"]
+        transport = MemoryMailTransport()
+        outbox = Outbox(EdgeContext(env.rt, env.store, env.clock, env.metrics), mail=transport)
+        outbox.start()
+        try:
+            await transport.wait_for(1)
+        finally:
+            await outbox.stop()
+        case = (await query(env, "SELECT address FROM cases"))[0]["address"]
+        (sent,) = transport.sent
+        assert sent.mail_from == json.loads(stored["payload"])["mail_from"] != case
 
     run_env(tmp_path, body, clock=TestClock(START))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, assert_never
 
 from masd.core import compose
@@ -110,6 +110,18 @@ class _Applying:
         # another is the outbox's to look for when the one before it is sent.
         self.handed = [*self.handed, item] if head and self.handed is not None else None
         return item.id
+
+    def rewritten(self, outbox_id: int, payload: str | None) -> None:
+        """Row ``outbox_id``'s payload was written again (its bounce address): the row
+        handed to the outbox is the one in the store (None: unknown, so none is handed)."""
+        if self.handed is None:
+            return
+        if payload is None:
+            self.handed = None
+            return
+        self.handed = [
+            replace(item, payload=payload) if item.id == outbox_id else item for item in self.handed
+        ]
 
     def result(self) -> Applied:
         wakes = NO_WAKES
@@ -369,7 +381,8 @@ def _queue_mail(ap: _Applying, s: SendMail, original: _Original) -> None:
         "message": raw.decode("utf-8"),
     }
     outbox_id = ap.queue(outbox.NewRow("mail", f"{case.key}|smtp", "smtp", case.key, None, payload))
-    bounce_mail.give_envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now, payload)
+    written = bounce_mail.give_envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now, payload)
+    ap.rewritten(outbox_id, written)
     cases.count_send(ap.tx, case.key, to.lower(), ap.now)
     ap.thread(
         "mail.out",

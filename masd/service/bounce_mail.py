@@ -46,12 +46,13 @@ def give_envelope(
     outbox_id: int,
     now: float,
     queued: Mapping[str, Any] | None = None,
-) -> None:
+) -> str | None:
     """Make the bounce address of mail ``outbox_id`` its envelope sender
-    (``queued``: the payload it was just queued with, not read back)."""
+    (``queued``: the payload it was just queued with, not read back; the
+    payload it has now is returned)."""
     tag = make_tag(bounces.key(tx, now), case.key, outbox_id)
     sender = bounce_address(case.address, rt.config.server.recipient_delimiter, tag)
-    bounces.set_envelope(tx, outbox_id, sender, queued)
+    return bounces.set_envelope(tx, outbox_id, sender, queued)
 
 
 def suppression(purpose: str, until: float | None, now: float) -> str | None:

@@ -72,16 +72,17 @@ def key(tx: Tx, now: float) -> bytes:
 
 def set_envelope(
     tx: Tx, outbox_id: int, mail_from: str, queued: Mapping[str, Any] | None = None
-) -> None:
+) -> str | None:
     """Give the queued mail ``outbox_id`` its envelope sender (its bounce address).
 
     ``queued``: the payload the row was just queued with, when the caller has
-    it (the row is then not read back).  Each way is one statement sent with
-    the next (on PostgreSQL no round trip of its own)."""
+    it (the row is then not read back); the payload written is returned (None
+    without ``queued``).  Each way is one statement sent with the next (on
+    PostgreSQL no round trip of its own)."""
     if queued is not None:
-        data = {**queued, "mail_from": mail_from}
-        send(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (dumps(data), outbox_id))
-        return
+        written = dumps({**queued, "mail_from": mail_from})
+        send(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (written, outbox_id))
+        return written
     if dialect(tx).lock_rows:
         send(
             tx,
@@ -89,10 +90,11 @@ def set_envelope(
             "CAST(? AS TEXT)))::text WHERE id = ?",
             (mail_from, outbox_id),
         )
-        return
+        return None
     payload = value(tx, "SELECT payload FROM outbox WHERE id = ?", (outbox_id,))
     data = {**json.loads(str(payload)), "mail_from": mail_from}
     send(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (dumps(data), outbox_id))
+    return None
 
 
 @dataclass(frozen=True)
