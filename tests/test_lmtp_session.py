@@ -157,3 +157,51 @@ def test_sessions_use_the_level_aware_command_log() -> None:
     finally:
         loop.close()
     assert aiosmtpd.smtp.sanitized_log is lmtp_session._sanitized_log_if_enabled
+
+
+class _Transport(asyncio.Transport):
+    """A transport that counts the pauses and resumes of its reading."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pauses = self.resumes = 0
+
+    def pause_reading(self) -> None:
+        self.pauses += 1
+
+    def resume_reading(self) -> None:
+        self.resumes += 1
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+
+def test_the_reader_pauses_past_a_mail_not_past_two_command_lines() -> None:
+    async def fed(size: int) -> tuple[int, int, int]:
+        session = LmtpProtocol(object(), hostname="probe", loop=asyncio.get_running_loop())
+        reader = session._stream_reader  # type: ignore[attr-defined]
+        transport = _Transport()
+        reader.set_transport(transport)
+        reader.feed_data(b"x" * size)
+        paused = transport.pauses
+        await reader.readexactly(size)
+        return paused, transport.resumes, reader._limit
+
+    # A mail of 50 KB (past 2 x 1,001 octets, where a plain aiosmtpd reader pauses) is
+    # read without a pause; past PAUSE_BYTES the reading pauses and resumes as before.
+    assert asyncio.run(fed(50_000)) == (0, 0, lmtp_session.LINE_LIMIT)
+    assert asyncio.run(fed(lmtp_session.PAUSE_BYTES + 1)) == (1, 1, lmtp_session.LINE_LIMIT)
+
+
+def test_a_plain_aiosmtpd_reader_pauses_for_each_mail() -> None:
+    async def fed() -> int:
+        plain = asyncio.StreamReader(limit=lmtp_session.LINE_LIMIT)  # what aiosmtpd makes
+        transport = _Transport()
+        plain.set_transport(transport)
+        plain.feed_data(b"x" * 50_000)
+        return transport.pauses
+
+    assert asyncio.run(fed()) == 1

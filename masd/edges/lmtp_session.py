@@ -36,7 +36,8 @@ aiosmtpd's private names (underscore attributes and methods) that this
 module overrides or reads are listed in :data:`PRIVATE_METHODS` and
 :data:`PRIVATE_ATTRIBUTES`; no other module of masd uses any.  Of asyncio's,
 :func:`read_data` puts back what it read past the data through a stream
-reader's buffer.
+reader's buffer, and :class:`_MailReader` pauses the reading by its own bound, not the
+reader's limit.
 :func:`missing_private_names` checks them against the installed aiosmtpd
 (the version range in pyproject.toml is the one it was checked with).
 """
@@ -48,9 +49,9 @@ import contextlib
 import logging
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AnyStr, Final, assert_never
+from typing import TYPE_CHECKING, Any, AnyStr, Final, SupportsIndex, assert_never
 
 import aiosmtpd.smtp
 from aiosmtpd.lmtp import LMTP
@@ -79,7 +80,13 @@ log = logging.getLogger("masd.lmtp")
 #: Methods of aiosmtpd's ``SMTP`` that :class:`LmtpProtocol` overrides or calls.
 PRIVATE_METHODS: Final = ("_getaddr", "_reset_timeout", "_create_envelope", "_call_handler_hook")
 #: Attributes of a connected aiosmtpd ``SMTP`` that :class:`LmtpProtocol` reads or sets.
-PRIVATE_ATTRIBUTES: Final = ("_timeout_handle", "_timeout_duration", "_reader", "_writer")
+PRIVATE_ATTRIBUTES: Final = (
+    "_timeout_handle",
+    "_timeout_duration",
+    "_reader",
+    "_writer",
+    "_stream_reader",
+)
 
 
 #: Enhanced codes for replies aiosmtpd writes itself without one (RFC 3463).
@@ -269,11 +276,41 @@ def lazy_command_log() -> None:
     aiosmtpd.smtp.sanitized_log = _sanitized_log_if_enabled
 
 
+#: How much a session's stream reader holds before reading from the connection pauses.
+PAUSE_BYTES: Final = 1 << 18
+
+
+class _MailReader(asyncio.StreamReader):
+    """aiosmtpd's stream reader, whose limit bounds a command line (LINE_LIMIT): reading
+    pauses only past :data:`PAUSE_BYTES` held, not past twice that limit, which every mail
+    over 2,002 octets passed (a pause and a resume of the connection's reading per mail)."""
+
+    _limit: int
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        line_limit, self._limit = self._limit, PAUSE_BYTES // 2
+        try:
+            super().feed_data(data)
+        finally:
+            self._limit = line_limit
+
+    def _maybe_resume_transport(self) -> None:
+        line_limit, self._limit = self._limit, PAUSE_BYTES // 2
+        try:
+            super()._maybe_resume_transport()  # type: ignore[misc]  # asyncio's, unlisted
+        finally:
+            self._limit = line_limit
+
+
 class LmtpProtocol(LMTP):
     """aiosmtpd's LMTP with the fixes above; ``timeout`` is the idle timeout."""
 
     def __init__(self, handler: Handler, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
+        # aiosmtpd makes a plain reader here; it becomes one that pauses past a mail.
+        reader = getattr(self, "_stream_reader", None)
+        if type(reader) is asyncio.StreamReader:
+            reader.__class__ = _MailReader
         lazy_command_log()
         self.masd_handler = handler
         self._state = State.GREETING
@@ -447,6 +484,10 @@ async def missing_private_names(
     missing = [f"SMTP.{n}" for n in methods if not callable(getattr(LMTP, n, None))]
     if not isinstance(getattr(asyncio.StreamReader(), "_buffer", None), bytearray):
         missing.append("asyncio.StreamReader()._buffer")  # read_data gives back through it
+    if not isinstance(getattr(asyncio.StreamReader(), "_limit", None), int):
+        missing.append("asyncio.StreamReader()._limit")  # _MailReader pauses by its own
+    if not callable(getattr(asyncio.StreamReader, "_maybe_resume_transport", None)):
+        missing.append("asyncio.StreamReader._maybe_resume_transport")
     loop = asyncio.get_running_loop()
     ours, theirs = socket.socketpair()
     sessions: list[SMTP] = []
