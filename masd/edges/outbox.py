@@ -156,9 +156,7 @@ class Outbox:
         """Break off the sends under way of these cases (erased: their rows are gone), so
         nothing but the cancel the erase queued goes out of them (docs/protocol.md §16.11)."""
         keys = frozenset(case_keys)
-        for item_id, row in list(self._heads.handed.items()):
-            if row.case_key in keys:
-                del self._heads.handed[item_id]
+        self._heads.forget(keys)
         for queue, item in list(self._sending.items()):
             task = self._in_flight.get(queue)
             if item.case_key in keys and task is not None:
@@ -250,7 +248,6 @@ class Outbox:
             if probe is None:
                 self._heads.turned_away(lane, item)
                 continue
-            self._heads.handed.pop(item.id, None)
             self._in_flight[item.queue] = asyncio.create_task(
                 self._attempt(item, lane, probe), name=f"masd-outbox-{item.id}"
             )

@@ -198,11 +198,17 @@ class HeadFinder:
             self.ended.add(item.queue)
 
     def seen(self, lane: str, item: OutboxItem) -> None:
+        """``item`` is offered to ``lane``: started, or :meth:`turned_away` and looked for
+        again; either way no longer a handed row waiting for its turn."""
+        self.handed.pop(item.id, None)
         self.peers.setdefault(lane, set()).add(item.peer or "")
+
+    def forget(self, case_keys: frozenset[str]) -> None:
+        """The handed rows of these cases are gone with them (erased)."""
+        self.handed = {i: r for i, r in self.handed.items() if r.case_key not in case_keys}
 
     def turned_away(self, lane: str, item: OutboxItem) -> None:
         """``lane`` could not take ``item`` now: look for it again when the lane has room."""
-        self.handed.pop(item.id, None)
         self.waiting[lane] = min(self.waiting.get(lane, _LAST_ID), item.id)
 
 
