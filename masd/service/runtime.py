@@ -46,7 +46,7 @@ class _Loaded:
 
 def _loaded(config: Config) -> _Loaded:
     server = config.server
-    trust = TrustSettings(frozenset(server.trusted_authserv_ids), frozenset(server.trusted_hosts))
+    trust = TrustSettings.of(server.trusted_authserv_ids, server.trusted_hosts)
     return _Loaded(config, Directory(peers_of(config)), {}, trust)
 
 
