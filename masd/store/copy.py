@@ -57,8 +57,6 @@ COUNTERS: Final = {
     "thread": ("pos", ("thread",)),
     "send_log": ("id", ("send_log",)),
 }
-#: SQLite's tables kept in their key's B-tree (no ``rowid``), read in their key's order.
-KEY_ORDER: Final = {"deliveries": "dedupe", "statuses": "handoff_id, n", "idempotency": "peer, id"}
 BATCH: Final = 500
 #: Fewer rows at a time where a row may be a whole mail (up to max_message_bytes).
 BATCH_OF: Final = {"messages": 4}
@@ -172,10 +170,20 @@ class _Sqlite:
 
     def rows(self, table: str, columns: Sequence[str]) -> Iterator[list[Row]]:
         listed = ", ".join(map(_ident, columns))
-        order = KEY_ORDER.get(table, "rowid")
-        cursor = self.conn.execute(f"SELECT {listed} FROM {_ident(table)} ORDER BY {order}")  # noqa: S608
+        cursor = self.conn.execute(
+            f"SELECT {listed} FROM {_ident(table)} ORDER BY {self._order(table)}"  # noqa: S608
+        )
         while batch := cursor.fetchmany(BATCH_OF.get(table, BATCH)):
             yield [tuple(r) for r in batch]
+
+    def _order(self, table: str) -> str:
+        """The order rows were inserted in: the ``rowid``, or for a table kept in its
+        primary key's B-tree (``WITHOUT ROWID``) that key's columns."""
+        found = self.conn.execute("SELECT wr FROM pragma_table_list WHERE name = ?", (table,))
+        if not found.fetchone()[0]:
+            return "rowid"
+        info = self.conn.execute(f"PRAGMA table_info({_ident(table)})").fetchall()
+        return ", ".join(_ident(str(r[1])) for r in sorted(info, key=lambda r: r[5]) if r[5])
 
     def high_water(self, table: str, column: str) -> int:
         top = self.conn.execute(f"SELECT max({_ident(column)}) FROM {_ident(table)}").fetchone()[0]  # noqa: S608
