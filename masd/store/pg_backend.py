@@ -65,10 +65,12 @@ identity values too: a sender that follows new rows by id may pass one whose
 transaction committed late, so each host looks every second at due queue
 heads no host took (:func:`masd.store.outbox.orphaned_queues`).
 
-Round trips.  A write job runs in psycopg's pipeline mode: a statement whose
-result the job does not read (:func:`masd.store.sql.send`) goes out with the
-next one it reads, ``BEGIN`` with the first and ``COMMIT`` with the last;
-statements are not prepared on the server (a round trip of their own), and a
+Round trips.  A write job runs in libpq's pipeline mode
+(:mod:`masd.store.pg_pipeline`, on psycopg's ``pq`` binding and its adapters,
+without a cursor per statement): a statement whose result the job does not
+read (:func:`masd.store.sql.send`) goes out with the next one it reads,
+``BEGIN`` with the first and ``COMMIT`` with the last; statements are not
+prepared on the server (a round trip of their own), and a
 pooled connection is pinged only after :data:`CHECK_IDLE_SECONDS` idle (one
 found lost before its ``COMMIT`` was sent runs the job again on another).
 
@@ -107,6 +109,7 @@ from masd.store import deferred_logs
 from masd.store.backend import POSTGRESQL, POSTGRESQL_READ, Cursor, Fault
 from masd.store.files import StoreError
 from masd.store.health import HEALTH_SECONDS, PROBE_SECONDS, HealthWatch, StoreHealth
+from masd.store.pg_pipeline import Result, WritePipeline
 from masd.store.readers import in_event_loop
 from masd.store.sql import Tx
 from masd.store.uri import shown_uri
@@ -135,8 +138,6 @@ LIBPQ_CONNECT_TIMEOUT: Final = 2
 _PROBE: Final = "SELECT pg_current_xact_id()"  # takes a transaction id: fails where nothing commits
 _UNIQUE: Final = "23505"
 _BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
-_COMMIT: Final = "COMMIT"
-_ROLLBACK: Final = "ROLLBACK"
 
 
 def _reason(exc: BaseException) -> str:
@@ -149,52 +150,27 @@ class _Lost(Exception):
     """The job's connection was lost before it committed anything: run it again."""
 
 
-class _Pending:
-    """A statement sent in pipeline mode: its result is waited for only when it is read."""
-
-    __slots__ = ("_cur", "_pipeline")
-
-    def __init__(self, cur: psycopg.Cursor[Any], pipeline: psycopg.Pipeline) -> None:
-        self._cur = cur
-        self._pipeline = pipeline
-
-    @property
-    def description(self) -> Any:
-        self._pipeline.sync()
-        return self._cur.description
-
-    @property
-    def rowcount(self) -> int:
-        self._pipeline.sync()
-        return self._cur.rowcount
-
-    def fetchone(self) -> Any:
-        return self._cur.fetchone()  # psycopg syncs the pipeline for a fetch
-
-    def fetchall(self) -> list[Any]:
-        return self._cur.fetchall()
-
-
 class PgTx:
     """A PostgreSQL transaction as the store's functions see it (:class:`masd.store.sql.Tx`).
 
-    A write runs in psycopg's pipeline mode: a statement whose result nobody reads (an
-    ``INSERT``, an ``UPDATE`` whose count is not asked) goes out with the next one that
-    is read, in one round trip, and ``COMMIT`` with the last of them."""
+    A write runs in libpq's pipeline mode (:class:`~masd.store.pg_pipeline.WritePipeline`):
+    a statement whose result nobody reads (an ``INSERT``, an ``UPDATE`` whose count is not
+    asked) goes out with the next one that is read, in one round trip, and ``COMMIT`` with
+    the last of them.  A read runs on psycopg's cursors."""
 
-    __slots__ = ("_conn", "_pipeline", "masd_cache", "masd_dialect", "masd_rerun")
+    __slots__ = ("_conn", "_pipe", "masd_cache", "masd_dialect", "masd_rerun")
 
     def __init__(
         self,
         conn: psycopg.Connection[Any],
         *,
         read: bool = False,
-        pipeline: psycopg.Pipeline | None = None,
+        pipe: WritePipeline | None = None,
         cache: dict[str, object] | None = None,
         rerun: bool = False,
     ) -> None:
         self._conn = conn
-        self._pipeline = pipeline
+        self._pipe = pipe
         #: What never changes once committed (the bounce secret), read once per store.
         self.masd_cache = cache
         #: The job runs again after a race (:func:`masd.store.sql.rerun`).
@@ -207,21 +183,27 @@ class PgTx:
         return self
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor:
-        cur = self._conn.execute(POSTGRESQL.translate(sql), tuple(parameters))
-        return cur if self._pipeline is None else _Pending(cur, self._pipeline)
+        if self._pipe is not None:
+            return self._pipe.execute(sql, tuple(parameters))
+        return self._conn.execute(POSTGRESQL.translate(sql), tuple(parameters))
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
+        if self._pipe is not None:
+            self._pipe.executemany(sql, parameters)
+            return
         with self._conn.cursor() as cur:
             cur.executemany(POSTGRESQL.translate(sql), [tuple(p) for p in parameters])
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
-        """A savepoint: an exception leaving the block undoes it alone (in pipeline mode,
-        what the block sent is answered before it ends, so its errors are its own)."""
+        """A savepoint: an exception leaving the block undoes it alone (in a write, what
+        the block sent is answered before it ends, so its errors are its own)."""
+        if self._pipe is not None:
+            with self._pipe.savepoint():
+                yield
+            return
         with self._conn.transaction():
             yield
-            if self._pipeline is not None:
-                self._pipeline.sync()
 
 
 class PgStore:
@@ -379,21 +361,15 @@ class PgStore:
                         value = self._checked(fn(PgTx(conn, read=True, cache=self._cache)))
                         ran = True
                     return value
-                with conn.pipeline() as pipeline:
-                    # BEGIN and COMMIT as statements of the pipeline, answered when it ends
-                    # (an error of a statement whose result was not read is raised there):
-                    # psycopg's transaction block would wait for the server at both ends.
-                    conn.execute(_BEGIN)
-                    try:
-                        tx = PgTx(conn, pipeline=pipeline, cache=self._cache, rerun=rerun)
-                        value = self._checked(fn(tx))
-                    except BaseException:
-                        if not conn.broken:
-                            with contextlib.suppress(psycopg.Error):
-                                conn.execute(_ROLLBACK)
-                        raise
+                # BEGIN and COMMIT as statements of the pipeline (an error of a statement
+                # whose result was not read is raised at the next read or at COMMIT): a
+                # transaction block would wait for the server at both ends.  Leaving the
+                # block on an exception rolls back.
+                with WritePipeline(conn, _BEGIN) as pipe:
+                    tx = PgTx(conn, pipe=pipe, cache=self._cache, rerun=rerun)
+                    value = self._checked(fn(tx))
                     ran = True
-                    conn.execute(_COMMIT)
+                    pipe.commit()
                 return value
         except psycopg.OperationalError as exc:
             # A connection that was lost before its COMMIT was sent committed nothing: the
@@ -404,7 +380,7 @@ class PgStore:
 
     @staticmethod
     def _checked(value: T) -> T:
-        if isinstance(value, types.GeneratorType | psycopg.Cursor | _Pending):
+        if isinstance(value, types.GeneratorType | psycopg.Cursor | Result):
             raise StoreError(
                 f"store job returned a lazy {type(value).__name__}; return a list instead"
             )
