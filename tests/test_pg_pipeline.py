@@ -140,3 +140,16 @@ def test_a_python_error_inside_a_job_rolls_back_what_it_sent(store: PgStore) -> 
         store.write_sync(job)
     assert _count(store) == 0
     assert store.write_sync(lambda tx: run(tx, "INSERT INTO t (k) VALUES (1)")) == 1
+
+
+def test_a_read_is_one_snapshot_and_writes_nothing(store: PgStore) -> None:
+    def read(tx: Tx) -> tuple[int, int]:
+        before = int(value(tx, "SELECT count(*) FROM t"))
+        store.write_sync(lambda w: send(w, "INSERT INTO t (k) VALUES (1)"))  # committed now
+        return before, int(value(tx, "SELECT count(*) FROM t"))
+
+    assert store.read_sync(read) == (0, 0)
+    assert _count(store) == 1
+    with pytest.raises(StoreError, match="25006"):
+        store.read_sync(lambda tx: run(tx, "DELETE FROM t"))
+    assert _count(store) == 1

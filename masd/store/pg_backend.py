@@ -97,7 +97,7 @@ import socket
 import threading
 import time
 import types
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Final, TypeVar
@@ -109,7 +109,7 @@ from masd.store import deferred_logs
 from masd.store.backend import POSTGRESQL, POSTGRESQL_READ, Cursor, Fault
 from masd.store.files import StoreError
 from masd.store.health import HEALTH_SECONDS, PROBE_SECONDS, HealthWatch, StoreHealth
-from masd.store.pg_pipeline import Result, WritePipeline
+from masd.store.pg_pipeline import Result, Transaction
 from masd.store.readers import in_event_loop
 from masd.store.sql import Tx
 from masd.store.uri import shown_uri
@@ -138,6 +138,7 @@ LIBPQ_CONNECT_TIMEOUT: Final = 2
 _PROBE: Final = "SELECT pg_current_xact_id()"  # takes a transaction id: fails where nothing commits
 _UNIQUE: Final = "23505"
 _BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_BEGIN_READ: Final = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 
 
 def _reason(exc: BaseException) -> str:
@@ -153,23 +154,21 @@ class _Lost(Exception):
 class PgTx:
     """A PostgreSQL transaction as the store's functions see it (:class:`masd.store.sql.Tx`).
 
-    A write runs in libpq's pipeline mode (:class:`~masd.store.pg_pipeline.WritePipeline`):
+    Its statements go to libpq's pipeline (:class:`~masd.store.pg_pipeline.Transaction`):
     a statement whose result nobody reads (an ``INSERT``, an ``UPDATE`` whose count is not
     asked) goes out with the next one that is read, in one round trip, and ``COMMIT`` with
-    the last of them.  A read runs on psycopg's cursors."""
+    the last of them."""
 
-    __slots__ = ("_conn", "_pipe", "masd_cache", "masd_dialect", "masd_rerun")
+    __slots__ = ("_pipe", "masd_cache", "masd_dialect", "masd_rerun")
 
     def __init__(
         self,
-        conn: psycopg.Connection[Any],
+        pipe: Transaction,
         *,
         read: bool = False,
-        pipe: WritePipeline | None = None,
         cache: dict[str, object] | None = None,
         rerun: bool = False,
     ) -> None:
-        self._conn = conn
         self._pipe = pipe
         #: What never changes once committed (the bounce secret), read once per store.
         self.masd_cache = cache
@@ -183,27 +182,15 @@ class PgTx:
         return self
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Cursor:
-        if self._pipe is not None:
-            return self._pipe.execute(sql, tuple(parameters))
-        return self._conn.execute(POSTGRESQL.translate(sql), tuple(parameters))
+        return self._pipe.execute(sql, tuple(parameters))
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]], /) -> None:
-        if self._pipe is not None:
-            self._pipe.executemany(sql, parameters)
-            return
-        with self._conn.cursor() as cur:
-            cur.executemany(POSTGRESQL.translate(sql), [tuple(p) for p in parameters])
+        self._pipe.executemany(sql, parameters)
 
-    @contextlib.contextmanager
-    def atomic(self) -> Iterator[None]:
-        """A savepoint: an exception leaving the block undoes it alone (in a write, what
-        the block sent is answered before it ends, so its errors are its own)."""
-        if self._pipe is not None:
-            with self._pipe.savepoint():
-                yield
-            return
-        with self._conn.transaction():
-            yield
+    def atomic(self) -> contextlib.AbstractContextManager[None]:
+        """A savepoint: an exception leaving the block undoes it alone (what the block sent
+        is answered before it ends, so its errors are its own)."""
+        return self._pipe.savepoint()
 
 
 class PgStore:
@@ -249,8 +236,8 @@ class PgStore:
 
     @staticmethod
     def _open_pool(uri: str, kwargs: dict[str, Any], size: int, *, read: bool) -> ConnectionPool:
-        """A pool whose connections begin transactions as reads (``REPEATABLE READ, READ
-        ONLY``) or as writes (``READ COMMITTED``), in the ``BEGIN`` itself."""
+        """A pool of autocommit connections: each job's ``BEGIN`` says how it runs, a read
+        at ``REPEATABLE READ, READ ONLY``, a write at ``READ COMMITTED`` (``_transaction``)."""
 
         used: dict[int, float] = {}
 
@@ -263,13 +250,6 @@ class PgStore:
             if time.monotonic() - used.pop(id(conn), 0.0) > CHECK_IDLE_SECONDS:
                 ConnectionPool.check_connection(conn)
 
-        def configure(conn: psycopg.Connection[Any]) -> None:
-            if read:
-                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-                conn.read_only = True
-            else:
-                conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-
         pool = ConnectionPool(
             uri,
             kwargs=kwargs,
@@ -277,7 +257,6 @@ class PgStore:
             max_size=size,
             timeout=CONNECT_TIMEOUT,
             open=False,
-            configure=configure,
             check=check,
             reset=returned,
             name="masd-read" if read else "masd-write",
@@ -356,17 +335,12 @@ class PgStore:
         conn: psycopg.Connection[Any] | None = None
         try:
             with pool.connection() as conn:
-                if read:
-                    with conn.transaction():
-                        value = self._checked(fn(PgTx(conn, read=True, cache=self._cache)))
-                        ran = True
-                    return value
                 # BEGIN and COMMIT as statements of the pipeline (an error of a statement
                 # whose result was not read is raised at the next read or at COMMIT): a
                 # transaction block would wait for the server at both ends.  Leaving the
                 # block on an exception rolls back.
-                with WritePipeline(conn, _BEGIN) as pipe:
-                    tx = PgTx(conn, pipe=pipe, cache=self._cache, rerun=rerun)
+                with Transaction(conn, _BEGIN_READ if read else _BEGIN) as pipe:
+                    tx = PgTx(pipe, read=read, cache=self._cache, rerun=rerun)
                     value = self._checked(fn(tx))
                     ran = True
                     pipe.commit()

@@ -1,4 +1,4 @@
-"""A write job's transaction on libpq's pipeline, driven from psycopg's ``pq`` binding.
+"""A store job's transaction on libpq's pipeline, driven from psycopg's ``pq`` binding.
 
 psycopg's cursors in pipeline mode spend about 25 µs of the interpreter per
 statement (a cursor, its query object, and the generators that ask the
@@ -23,7 +23,7 @@ The rules of libpq's pipeline that shape it:
   ``COMMIT`` the last, and after an error only a ``ROLLBACK`` (or a
   ``ROLLBACK TO SAVEPOINT``) sent after a ``Sync`` is carried out;
 - pipeline mode is left only with nothing pending, so every way out of
-  :class:`WritePipeline` reads what it sent before it leaves.
+  :class:`Transaction` reads what it sent before it leaves.
 
 A connection that fails (``PQconsumeInput`` or ``PQflush`` failing) is left
 ``BAD`` by libpq: psycopg's ``Connection.broken`` then says so, and the pool
@@ -74,7 +74,7 @@ class Result:
 
     __slots__ = ("_next", "_pipe", "_res", "_rows")
 
-    def __init__(self, pipe: WritePipeline) -> None:
+    def __init__(self, pipe: Transaction) -> None:
         self._pipe = pipe
         self._res: pq.abc.PGresult | None = None
         self._rows: list[tuple[Any, ...]] | None = None
@@ -117,8 +117,9 @@ class Result:
         return rest
 
 
-class WritePipeline:
-    """One write transaction of ``conn`` in pipeline mode; see the module docstring.
+class Transaction:
+    """One transaction of ``conn`` in pipeline mode (a write's or a read's, as ``begin``
+    says); see the module docstring.
 
     ``begin`` is sent as the pipeline opens; :meth:`commit` ends it; leaving the
     ``with`` block otherwise rolls it back.  ``conn`` must be idle, in autocommit, and
@@ -138,7 +139,7 @@ class WritePipeline:
         self._begin = begin
         self._committed = False
 
-    def __enter__(self) -> WritePipeline:
+    def __enter__(self) -> Transaction:
         self._pg.enter_pipeline_mode()
         self.send(self._begin)
         return self
