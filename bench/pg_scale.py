@@ -5,9 +5,10 @@
 The database is where users put it, on another machine: every host reaches the private
 PostgreSQL server (:class:`masd.testing.postgres.PostgresServer`) through a loopback proxy
 that holds every packet ``--delay`` milliseconds each way (:mod:`masd.testing.tcp_proxy`,
-1 ms: a rack), and over plain TCP with no delay for the last row of each server.  Each
-server is measured with ``fsync`` off (a throwaway cluster) and on (production: every
-commit flushed).  Rows:
+1 ms: a rack; in a process of its own, :mod:`masd.testing.proxy_process`, so that it does
+not wait for the load generator's interpreter lock), and over plain TCP with no delay for
+the last row of each server.  Each server is measured with ``fsync`` off (a throwaway
+cluster) and on (production: every commit flushed).  Rows:
 
 - 1, 2 and 3 hosts at 2 LMTP sessions each, and 1 host at 8 sessions, through the proxy;
 - 1 host at 8 sessions with no delay;
@@ -17,8 +18,8 @@ Each row is ``masd serve`` processes on one fresh database (:mod:`bench.stores` 
 configuration), ``N`` mails to the master type spread evenly over the hosts' sessions, from
 the first send to the last ``250``; every ``250`` is checked against the store afterwards.
 CPU per mail is the CPU time of every masd process over the intake, divided by the mails
-(the proxy and the load generator run in this process, the server in its own).  Nothing here
-asserts a time; the targets are ratios of one run, printed with their verdict.
+(the load generator runs in this process, the proxy and the server in their own).  Nothing
+here asserts a time; the targets are ratios of one run, printed with their verdict.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from masd.testing import FakePeer, SmtpSink
 from masd.testing.config import MasterSetup
 from masd.testing.postgres import PostgresServer, find_bindir
 from masd.testing.process import MasdProcess, MasdStartError
-from masd.testing.tcp_proxy import TcpProxy
+from masd.testing.proxy_process import ProxyProcess
 
 #: (hosts, sessions per host, through the proxy) of each PostgreSQL row.
 PG_ROWS = ((1, 2, True), (2, 2, True), (3, 2, True), (1, 8, True), (1, 8, False))
@@ -80,7 +81,7 @@ async def _row(
     hosts: int,
     sessions: int,
     mails: int,
-    proxy: TcpProxy | None,
+    proxy: ProxyProcess | None,
 ) -> Row:
     async with FakePeer() as peer, SmtpSink() as sink:
         setups = configs(workdir, peer, sink, uri, hosts)
@@ -144,7 +145,7 @@ async def measure(o: argparse.Namespace) -> list[Row]:
             name = f"PostgreSQL fsync {'on' if fsync else 'off'}"
             with (
                 PostgresServer(bindir, fsync=fsync) as server,
-                TcpProxy(("127.0.0.1", server.port), delay=o.delay / 1000) as proxy,
+                ProxyProcess(("127.0.0.1", server.port), delay=o.delay / 1000) as proxy,
             ):
                 for hosts, sessions, delayed in PG_ROWS:
                     n += 1

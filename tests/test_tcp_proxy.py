@@ -6,6 +6,11 @@ client's on the server, however the client's messages fall into packets.
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
+from masd.testing.proxy_process import ProxyProcess
 from masd.testing.tcp_proxy import _Conversation
 
 
@@ -84,3 +89,29 @@ def test_a_conversation_that_is_not_the_protocol_is_counted_by_turns() -> None:
     trips += talk.server(b"HTTP/1.1 200 OK\r\n\r\n")
     trips += talk.client(b"GET /again HTTP/1.1\r\n\r\n")
     assert trips == 2
+
+
+def test_the_proxy_in_a_process_of_its_own_forwards_holds_and_counts() -> None:
+    """ProxyProcess: the same proxy behind a pipe to a child process."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        echo = threading.Thread(target=_echo, args=(listener,), daemon=True)
+        echo.start()
+        with ProxyProcess(listener.getsockname(), delay=0.05) as proxy:
+            child = proxy._proc
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client:
+                for n in range(3):
+                    sent = time.monotonic()
+                    client.sendall(b"ping %d" % n)
+                    assert client.recv(100) == b"ping %d" % n
+                    assert time.monotonic() - sent >= 0.1  # held 50 ms each way
+            assert proxy.round_trips == 3  # not PostgreSQL's protocol: counted by turns
+        assert child is not None
+        assert child.returncode == 0  # its input closed: it stopped by itself
+        echo.join(10)
+
+
+def _echo(listener: socket.socket) -> None:
+    conn, _ = listener.accept()
+    with conn:
+        while data := conn.recv(100):
+            conn.sendall(data)
