@@ -123,8 +123,11 @@ CONFLICT_RETRIES: Final = 8
 UNIQUE_RETRIES: Final = 2
 #: Connections per host for reads; each runs one read at a time.
 POOL_SIZE: Final = 8
-#: Write jobs one host runs at once, each on a connection of its own.
-WRITERS: Final = 8
+#: Write jobs one host runs at once, each on a connection of its own.  Intake shares them
+#: with the outbox (a claim and a record per message sent): with the database 1 ms away, 8
+#: LMTP sessions waited for 8 writers (docs/performance.md).  A host opens at most
+#: ``WRITERS + POOL_SIZE`` connections.
+WRITERS: Final = 16
 #: An outbox row a host took is another's to take after this long (``server.claim_timeout``).
 CLAIM_TIMEOUT: Final = 30.0
 #: Seconds a caller waits for a pooled connection before the store counts as unavailable:
