@@ -22,7 +22,8 @@ from aiosmtpd.lmtp import LMTP
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from masd.edges.lmtp_session import LINE_LIMIT, Data, read_data, unstuff
+from masd.edges.lmtp_data import Data, read_data, unstuff
+from masd.edges.lmtp_session import LINE_LIMIT
 
 SIZE_LIMIT = 4000
 NEXT = b"MAIL FROM:<next@example.org>\r\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -123,6 +124,40 @@ def test_a_session_moves_through_the_states_and_answers_by_state() -> None:
                 assert too_big.startswith(b"552 5.3.4 message over 2000 octets")
                 assert noop.startswith(b"250 2.0.0")
                 assert handler.states == [State.RECORDING]
+            finally:
+                writer.close()
+                await writer.wait_closed()
+
+    asyncio.run(main())
+
+
+def test_a_client_that_does_not_read_its_replies_is_waited_for_and_loses_none() -> None:
+    """Replies are written without waiting on the writer until its buffer passes the
+    high-water mark; then the session waits, so what it holds stays bounded."""
+    commands = 200_000  # some 3 MB of replies, far more than the sockets hold
+
+    async def main() -> None:
+        async with _server() as (port, handler):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+            try:
+                await _replies(reader, 1)
+                assert handler.session is not None
+                served = handler.session._writer.transport
+                served.get_extra_info("socket").setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+                )
+                writer.write(b"NOOP\r\n" * commands)  # nothing read meanwhile
+                held = 0
+                for _ in range(20):
+                    await asyncio.sleep(0.05)
+                    held = max(held, served.get_write_buffer_size())
+                high = served.get_write_buffer_limits()[1]
+                assert 0 < held <= high + 100, (held, high)
+                replies = await _replies(reader, commands)
+                assert set(replies) == {b"250 2.0.0 OK\r\n"}
             finally:
                 writer.close()
                 await writer.wait_closed()

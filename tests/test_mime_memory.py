@@ -26,7 +26,8 @@ from support.masd_process import DOMAIN, MasdProcess, write_secret
 
 from masd.core.event import build_event
 from masd.core.trust import TrustSettings
-from masd.edges.lmtp_session import LINE_LIMIT, UNSTUFF_WINDOW, Data, read_data
+from masd.edges.lmtp_data import UNSTUFF_WINDOW, Data, read_data
+from masd.edges.lmtp_session import LINE_LIMIT
 from masd.testing import lmtpclient
 from masd.testing.config import server_table, write_config
 from masd.testing.inbound import mx_trace

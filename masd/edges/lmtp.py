@@ -38,6 +38,7 @@ from masd.edges.accept import AcceptServer
 from masd.edges.bounce_reader import BounceReader, Busy
 from masd.edges.context import EdgeContext
 from masd.edges.limits import Gate
+from masd.edges.lmtp_data import read_data
 from masd.edges.lmtp_recipient import _undecodable, check_address, check_recipient
 from masd.edges.lmtp_replies import (
     MAX_DETAIL,
@@ -46,7 +47,7 @@ from masd.edges.lmtp_replies import (
     ReplyCode,
     address_refusal,
 )
-from masd.edges.lmtp_session import LmtpProtocol, plain_path, read_data
+from masd.edges.lmtp_session import LmtpProtocol, plain_path
 from masd.edges.sockets import SOCKET_MODE, ListenError, serve
 from masd.logs import shown
 from masd.service import UnknownCase, bounce_mail

@@ -17,11 +17,14 @@ in :class:`LmtpProtocol`:
   (the email package's header parser, and a class defined per call) took a
   quarter of masd's CPU at intake, and still reads every other form;
 - the message after DATA is read in large pieces up to the end-of-data line
-  (:func:`read_data`), not one line per ``await`` as aiosmtpd does, in time
+  (:func:`masd.edges.lmtp_data.read_data`), not one line per ``await`` as aiosmtpd does, in time
   linear in its length whatever its lines, with the
   same size limit; a line of the data may be of any length (aiosmtpd refuses
   one over 1000 octets: masd never refuses a mail for its content,
   docs/protocol.md §3), while a command line keeps aiosmtpd's limits;
+- a reply is written without waiting on the writer unless its buffer is
+  past the transport's high-water mark (aiosmtpd awaits a drain after every
+  reply);
 - a session that makes no progress (no command, no data) for the idle
   timeout is closed (docs/protocol.md §3, RFC 5321 §4.5.3.2); while masd itself works
   on the data the clock is stopped.  Closing inside DATA records nothing.
@@ -35,7 +38,7 @@ text.
 aiosmtpd's private names (underscore attributes and methods) that this
 module overrides or reads are listed in :data:`PRIVATE_METHODS` and
 :data:`PRIVATE_ATTRIBUTES`; no other module of masd uses any.  Of asyncio's,
-:func:`read_data` puts back what it read past the data through a stream
+:func:`~masd.edges.lmtp_data.read_data` puts back what it read past the data through a stream
 reader's buffer, and :class:`_MailReader` pauses the reading by its own bound, not the
 reader's limit.
 :func:`missing_private_names` checks them against the installed aiosmtpd
@@ -50,13 +53,14 @@ import logging
 import re
 import socket
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, AnyStr, Final, SupportsIndex, assert_never
 
 import aiosmtpd.smtp
 from aiosmtpd.lmtp import LMTP
 from aiosmtpd.smtp import SMTP, syntax
 
+from masd.edges.lmtp_data import read_data
 from masd.edges.lmtp_replies import RecipientReplies, Replies, ReplyCode, size_refusal
 from masd.edges.lmtp_state import IN_DATA, Event, State, next_state
 from masd.logs import shown
@@ -109,6 +113,7 @@ _HAS_ENHANCED = re.compile(r"[0-9]{3}[ -][245]\.[0-9]{1,3}\.[0-9]{1,3}(?: |$)")
 _REPLY_LINE = re.compile(r"([0-9]{3})([ -]?)(.*)", re.DOTALL)
 
 
+@lru_cache(maxsize=512)
 def _with_enhanced(status: str) -> str:
     out: list[str] = []
     for line in status.split("\r\n"):
@@ -146,112 +151,10 @@ def plain_path(arg: str) -> tuple[str, str] | None:
     return match.group(1), match.group(2) or ""
 
 
-#: RFC 5321 §4.1.1.4: the mail data ends with a line holding one dot.
-_END: Final = b"\r\n.\r\n"
 #: aiosmtpd's reader limit (``SMTP.line_length_limit``): the longest command line it
-#: reads, its CR LF included.  Data lines are not held to it (:func:`read_data`).
+#: reads, its CR LF included.  Data lines are not held to it
+#: (:func:`masd.edges.lmtp_data.read_data`).
 LINE_LIMIT: Final = 1001
-
-
-#: Most octets one read of the data takes: more than a stream reader ever holds (a
-#: transport hands it at most 256 KiB at a time and pauses past twice its limit).
-READ_PIECE: Final = 1 << 24
-#: How much of the message :func:`unstuff` copies at a time.
-UNSTUFF_WINDOW: Final = 1 << 20
-
-
-@dataclass(frozen=True)
-class Data:
-    """What :func:`read_data` read: the message, or that it was over the size limit."""
-
-    content: bytes = b""
-    too_much: bool = False  # over the size limit (answered 552)
-    #: The data's octets as the size limit counts them (aiosmtpd's count:
-    #: dots still stuffed, the end-of-data line off); aiosmtpd does not say it.
-    size: int = field(default=0, compare=False)
-
-
-def unstuff(body: bytearray, window: int = UNSTUFF_WINDOW) -> bytes:
-    """The message in ``body``: a CR LF, the data, then the end-of-data line's ``.\\r\\n``.
-
-    The leading dot of each line goes (RFC 5321 §4.5.2) and so do the CR LF
-    before the data and the end line.  The octets are moved down inside
-    ``body`` itself, ``window`` of them at a time, so besides ``body`` only
-    the message returned is held at once, never a third copy of it.
-    ``body`` is spent.
-    """
-    window = max(window, 3)  # room to step back off a cut and still move on
-    end = len(body) - 3  # the final ".\r\n" off; the last line's CR LF stays
-    read = write = 0
-    while read < end:
-        stop = min(read + window, end)
-        if stop < end:
-            # No cut inside a CR LF ".": the sequences never overlap, so
-            # replacing window by window removes exactly the dots that one
-            # replace over the whole would.
-            if body[stop - 1] == 0x0D:
-                stop -= 1
-            elif body[stop - 2 : stop] == b"\r\n":
-                stop -= 2
-        piece = body[read:stop].replace(b"\r\n.", b"\r\n")
-        body[write : write + len(piece)] = piece
-        write += len(piece)
-        read = stop
-    with memoryview(body) as view:
-        return bytes(view[2:write])
-
-
-async def read_data(reader: asyncio.StreamReader, size_limit: int | None) -> Data:
-    """Read mail data up to the end-of-data line, in pieces as large as the reader holds.
-
-    The data is searched as if a CR LF came before it (the DATA command's own
-    line end), so data that is only "." is an empty message.  Each read takes
-    all the reader holds (:data:`READ_PIECE`), and the end-of-data sequence is
-    looked for in what was read, from where the last search stopped: a
-    sequence split between two reads is found, and any data costs one search
-    over its length, blank lines included (reading exactly up to each possible
-    end, as a stream reader's ``readuntil`` would need, took one read per
-    blank line).  What was read past the end-of-data line (a pipelining
-    client's next command) is put back in front of the reader's buffer
-    (:func:`_give_back`).  More than ``size_limit`` octets is ``too_much``,
-    counted as aiosmtpd counts, and refused data is still read to its end but
-    not kept.  Lines may be of any length.  A leading dot is removed from each
-    line (:func:`unstuff`).
-    """
-    body = bytearray(b"\r\n")
-    dropped = 0  # octets let go from the front of body (data over the size limit)
-    searched = 0  # no end-of-data sequence starts in body before this offset
-    while True:
-        piece = await reader.read(READ_PIECE)
-        if not piece:
-            raise asyncio.IncompleteReadError(bytes(body), None)
-        body += piece
-        end = body.find(_END, searched)
-        if end >= 0:
-            break
-        searched = max(0, len(body) - (len(_END) - 1))
-        if size_limit and dropped + searched > size_limit + len(_END):
-            # Over the limit: keep only what finding the end-of-data sequence needs.
-            del body[:searched]
-            dropped += searched
-            searched = 0
-    _give_back(reader, body[end + len(_END) :])
-    size = dropped + end  # aiosmtpd's count: dots still stuffed, the end line off
-    if dropped or (size_limit and size > size_limit):
-        return Data(too_much=True, size=size)
-    del body[end + len(_END) :]
-    return Data(content=unstuff(body), size=size)
-
-
-def _give_back(reader: asyncio.StreamReader, excess: bytearray) -> None:
-    """Put ``excess`` back in front of what ``reader`` holds, to be read next.
-
-    ``feed_data`` would put it behind, and is refused once the peer closed;
-    the reader's buffer (a private name, checked at start by
-    :func:`missing_private_names`) takes it in front in both cases."""
-    if excess:
-        held: bytearray = reader._buffer  # type: ignore[attr-defined]
-        held[0:0] = excess
 
 
 _SANITIZED_LOG: Final = aiosmtpd.smtp.sanitized_log
@@ -407,7 +310,7 @@ class LmtpProtocol(LMTP):
             return
         self._data_rcpts = list(self.envelope.rcpt_tos)
         self._move(Event.GO_AHEAD)
-        await super().push("354 End data with <CR><LF>.<CR><LF>")  # as it is: no enhanced code
+        await self._write("354 End data with <CR><LF>.<CR><LF>")  # as it is: no enhanced code
         try:
             data = await read_data(self._reader, self.data_size_limit)
         except asyncio.IncompleteReadError as exc:
@@ -432,10 +335,25 @@ class LmtpProtocol(LMTP):
         await self.push(status)
 
     async def push(self, status: AnyStr) -> None:
-        if isinstance(status, str):
-            await super().push(self._lmtp_reply(status))
-        else:
-            await super().push(status)
+        await self._write(self._lmtp_reply(status) if isinstance(status, str) else status)
+
+    async def _write(self, reply: str | bytes) -> None:
+        """aiosmtpd's ``push`` without its wait: the reply is written, and the writer
+        drained only when its buffer is over the transport's high-water mark or the
+        connection is closing (where draining raises); aiosmtpd awaited a drain for
+        every reply, a coroutine and its checks four times a mail."""
+        if isinstance(reply, str):
+            reply = reply.encode("utf-8" if self.enable_SMTPUTF8 else "ascii")
+        self._writer.write(reply + b"\r\n")
+        if _MAIL_LOG.isEnabledFor(logging.DEBUG):
+            _MAIL_LOG.debug("%r << %r", self.session and self.session.peer, reply)
+        transport = self._writer.transport
+        if (
+            self.transport is None
+            or transport.is_closing()
+            or transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
+        ):
+            await self._writer.drain()
 
     def _fault_replies(self) -> RecipientReplies:
         return self.masd_handler.per_recipient(
