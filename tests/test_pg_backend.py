@@ -13,7 +13,7 @@ import pytest
 from support.postgres import Database, postgres, postgres_server  # noqa: F401
 
 from masd.core.engine import CaseView
-from masd.store import StoreError, cases
+from masd.store import StoreError, cases, outbox
 from masd.store.backend import POSTGRESQL, SQLITE, Fault, Raced
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_backend import PgStore
@@ -275,3 +275,36 @@ def test_a_job_run_again_logs_once_and_only_after_its_commit(
     assert logged == ["status recorded run=2"]  # the run that committed, alone
     assert "never committed" not in caplog.text
     assert a.conflicts >= 2
+
+
+def test_a_head_is_its_queuers_to_send_until_its_lease_runs_out(
+    hosts: tuple[PgStore, PgStore],
+) -> None:
+    """A row queued as its queue's head is leased to the host that queued it, in the same
+    statement: that host sends it without a claim; the other passes it by until the lease
+    runs out (the host died), then takes it over."""
+    a, b = hosts
+    a.claim_seconds = 0.5
+    view = CaseView("k1", "k1@example.org", "example.org", "ticket", "k1", "master", "a@b.c")
+    a.write_sync(lambda tx: cases.create(tx, view, 10.0))
+
+    def row(n: int) -> outbox.NewRow:
+        return outbox.NewRow("contract", "q1", "peer", "k1", "http://x/", {"id": f"m{n}"})
+
+    began = time.monotonic()
+    first, head = a.write_sync(lambda tx: outbox.queue_item(tx, row(1), 1.0, 100.0))
+    second, second_head = a.write_sync(lambda tx: outbox.queue_item(tx, row(2), 1.0, 100.0))
+    assert (head, second_head) == (True, False)
+    assert began < first.held_until <= time.monotonic() + a.claim_seconds / 3
+    assert second.held_until == 0.0  # behind the head: claimed when it is the head
+
+    def heads(store: PgStore) -> list[int]:
+        return [i.id for i in store.read_sync(lambda tx: outbox.heads_of_queues(tx, ["q1"], 5.0))]
+
+    assert heads(a) == [first.id]  # its own lease: its to send
+    assert heads(b) == []
+    assert b.write_sync(lambda tx: outbox.claim(tx, [first.id], b.host, 30.0)) == []
+    time.sleep(a.claim_seconds + 0.1)  # a died: its lease runs out
+    assert heads(b) == [first.id]
+    assert b.write_sync(lambda tx: outbox.claim(tx, [first.id], b.host, 30.0)) == [first.id]
+    assert heads(a) == []

@@ -35,7 +35,7 @@ from masd.store import (
 from masd.store.handoffs import NewHandoff, NewStatus
 from masd.store.outbox import NewRow
 from masd.store.pg_backend import PgStore
-from masd.store.sql import Tx
+from masd.store.sql import Tx, value
 from masd.store.thread import append_thread
 
 Backend = Store | PgStore
@@ -138,6 +138,11 @@ def test_outbox_leases(backend: Backend) -> None:
     _w(backend, lambda tx: cases.create(tx, _view("k1"), 10.0))
     row = NewRow("contract", "q1", "peer", "k1", "http://x/", {"type": "t", "id": "m1"})
     oid = _w(backend, lambda tx: outbox.queue(tx, row, 1.0, 100.0))
+    if isinstance(backend, PgStore):  # queued as its queue's head: leased to its queuer
+        holder = "SELECT claimed_by FROM outbox WHERE id = ?"
+        assert _r(backend, lambda tx: value(tx, holder, (oid,))) == backend.host
+    _w(backend, lambda tx: outbox.retry_at(tx, oid, "busy", 1.0))  # its outcome ends it
+    # From here this store is a third host, x: rows held by "a" or "b" are not its own.
     assert _w(backend, lambda tx: outbox.claim(tx, [oid], "a", 30.0)) == [oid]
     if isinstance(backend, Store):  # one host: nobody else sends, nothing to hold
         return

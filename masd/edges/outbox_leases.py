@@ -1,6 +1,7 @@
 """Outbox leases, where several hosts share the store (PostgreSQL): a row is sent by the
-host that holds its lease (``server.claim_timeout``, :func:`masd.service.outbox_claim`),
-renewed every third of its length while the send lasts (see :mod:`masd.edges.outbox`).
+host that holds its lease (``server.claim_timeout``, :func:`masd.service.outbox_claim`, or
+taken as the row was queued, :func:`masd.store.outbox.queue_item`), renewed every third of
+its length while the send lasts (see :mod:`masd.edges.outbox`).
 Where one host is the store's writer (SQLite) every row is its own: nothing is asked.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from masd import service
@@ -26,9 +28,10 @@ def lease_of(store: StoreHandle) -> float | None:
 
 async def claimed(store: StoreHandle, item: OutboxItem) -> bool:
     """Whether this host sends ``item`` now: always where it is the store's one
-    writer; where several hosts share the store, once it holds the row's lease."""
+    writer; where several hosts share the store, once it holds the row's lease (a row it
+    queued as its queue's head it holds already, for a while: ``item.held_until``)."""
     lease = lease_of(store)
-    if lease is None:
+    if lease is None or item.held_until > time.monotonic():
         return True
     host: str = getattr(store, "host", "")
     try:

@@ -238,11 +238,15 @@ class Dialect:
         return f"lower({column}) = lower({param})"
 
     def unclaimed(self, alias: str) -> str:
-        """`` AND`` the outbox row ``alias`` is held by no host's lease, where several
-        hosts send (:func:`masd.store.outbox.claim`); nothing where one does."""
+        """`` AND`` the outbox row ``alias`` is held by no other host's lease, where several
+        hosts send (:func:`masd.store.outbox.claim`), with one ``?`` for this host's name;
+        nothing where one host sends."""
         if not self.leases:
             return ""
-        return f" AND ({alias}.claimed_by IS NULL OR {alias}.claimed_until < {self.now_epoch})"
+        return (
+            f" AND ({alias}.claimed_by IS NULL OR {alias}.claimed_by = ? "
+            f"OR {alias}.claimed_until < {self.now_epoch})"
+        )
 
     def released(self) -> str:
         """``, `` the columns that end a row's lease, where there are leases."""

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 from masd.store.backend import Dialect
-from masd.store.sql import Tx, dialect, dumps, many, send, tuples, value
+from masd.store.sql import Tx, dialect, dumps, lease, many, send, tuples, value
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class OutboxItem:
     attempts: int
     deliver_until: float
     next_attempt_at: float = 0.0
+    #: Monotonic time before which this host holds the row's lease without claiming it:
+    #: it queued the row as its queue's head, leased to itself (:func:`queue_item`).
+    held_until: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -50,17 +53,23 @@ def queue(tx: Tx, row: NewRow, now: float, deliver_until: float) -> int:
 
 def queue_item(tx: Tx, row: NewRow, now: float, deliver_until: float) -> tuple[OutboxItem, bool]:
     """Queue ``row``: the row as the sender reads it, and whether it is its queue's head
-    (no row of its queue before it is pending), both as of this transaction."""
+    (no row of its queue before it is pending), both as of this transaction.
+
+    Where several hosts send, a head is queued leased to this host (its lease starts at the
+    insert, on the database's clock), so that the host sends it without a claim of its own:
+    :attr:`OutboxItem.held_until` says until when that holds (a third of the lease after
+    the job began, leaving its renewal, a third later, inside the lease)."""
     payload = dumps(dict(row.payload))
-    found = tuples(
-        tx,
-        "INSERT INTO outbox (kind, queue, peer, case_key, url, payload, created_at, "
-        "next_attempt_at, deliver_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id, "
-        "NOT EXISTS (SELECT 1 FROM outbox p WHERE p.queue = outbox.queue "
-        "AND p.state = 'pending' AND p.id < outbox.id)",
-        (row.kind, row.queue, row.peer, row.case_key, row.url, payload, now, now, deliver_until),
-    )
-    item_id, head = found[0]
+    values = (row.kind, row.queue, row.peer, row.case_key, row.url, payload, now, now)
+    held = lease(tx) if dialect(tx).leases else None
+    until = 0.0
+    if held is None:
+        (item_id, head), *_ = tuples(tx, _QUEUE, (*values, deliver_until))
+    else:
+        host, seconds, began = held
+        params = (*values, deliver_until, host, seconds, row.queue)
+        (item_id, head), *_ = tuples(tx, _queue_leased(dialect(tx)), params)
+        until = began + seconds / 3 if head else 0.0
     item = OutboxItem(
         int(item_id),
         row.kind,
@@ -72,8 +81,31 @@ def queue_item(tx: Tx, row: NewRow, now: float, deliver_until: float) -> tuple[O
         0,
         deliver_until,
         now,
+        until,
     )
     return item, bool(head)
+
+
+_COLUMNS = "kind, queue, peer, case_key, url, payload, created_at, next_attempt_at, deliver_until"
+_QUEUE = (
+    "INSERT INTO outbox (kind, queue, peer, case_key, url, payload, created_at, "
+    "next_attempt_at, deliver_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id, "
+    "NOT EXISTS (SELECT 1 FROM outbox p WHERE p.queue = outbox.queue "
+    "AND p.state = 'pending' AND p.id < outbox.id)"
+)
+
+
+@cache
+def _queue_leased(d: Dialect) -> str:
+    # PostgreSQL's RETURNING and its subqueries see the table as the statement began, not
+    # the row it inserts: "no row of its queue pending" before is "none before it" after.
+    return (
+        f"INSERT INTO outbox ({_COLUMNS}, claimed_by, claimed_until) "  # noqa: S608 - dialect words only
+        "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN q.head THEN ?::text END, "
+        f"CASE WHEN q.head THEN {d.now_epoch} + ?::double precision END FROM (SELECT NOT EXISTS "
+        "(SELECT 1 FROM outbox p WHERE p.queue = ? AND p.state = 'pending') AS head) q "
+        "RETURNING id, claimed_by IS NOT NULL"
+    )
 
 
 def abandon_requests(
@@ -149,12 +181,21 @@ def _heads_fell_due(d: Dialect) -> str:
 # pending id of its queue (docs/protocol.md §10: in order per case and peer).
 
 
+def _mine(tx: Tx) -> tuple[str, ...]:
+    """This host's name for :meth:`~masd.store.backend.Dialect.unclaimed`'s ``?``: a row it
+    holds the lease of is its own to send (it queued it as its queue's head)."""
+    if not dialect(tx).leases:
+        return ()
+    held = lease(tx)
+    return (held[0] if held else "",)
+
+
 def heads_after(
     tx: Tx, after_id: int, now: float, limit: int
 ) -> tuple[list[OutboxItem], int, bool]:
     """Due heads among the ``limit`` rows after ``after_id``; the last id looked at; whether
     the page was full (more rows may follow)."""
-    found = tuples(tx, _heads_after(dialect(tx)), (now, after_id, limit))
+    found = tuples(tx, _heads_after(dialect(tx)), (now, *_mine(tx), after_id, limit))
     last = int(found[-1][0]) if found else after_id
     return [OutboxItem(*r[:-1]) for r in found if r[-1]], last, len(found) >= limit
 
@@ -162,13 +203,14 @@ def heads_after(
 def heads_fell_due(tx: Tx, since: tuple[float, int], now: float, limit: int) -> list[OutboxItem]:
     """Heads due by ``now`` whose (next_attempt_at, id) comes after ``since``, in that order."""
     at, after = since
-    found = tuples(tx, _heads_fell_due(dialect(tx)), (at, at, after, now, limit))
+    found = tuples(tx, _heads_fell_due(dialect(tx)), (at, at, after, now, *_mine(tx), limit))
     return [OutboxItem(*r) for r in found]
 
 
 def heads_of_queues(tx: Tx, queues: Iterable[str], now: float) -> list[OutboxItem]:
     """The due heads of ``queues``."""
-    found = tuples(tx, _heads_of_queues(dialect(tx)), (json.dumps(sorted(set(queues))), now))
+    queues_json = json.dumps(sorted(set(queues)))
+    found = tuples(tx, _heads_of_queues(dialect(tx)), (queues_json, now, *_mine(tx)))
     return [OutboxItem(*r) for r in found]
 
 
@@ -184,6 +226,7 @@ def heads_of_peers(
             json.dumps(sorted(set(peers))),
             json.dumps(sorted(set(busy))),
             now,
+            *_mine(tx),
             limit,
         ),
     )

@@ -162,7 +162,7 @@ class PgTx:
     asked) goes out with the next one that is read, in one round trip, and ``COMMIT`` with
     the last of them."""
 
-    __slots__ = ("_pipe", "masd_cache", "masd_dialect", "masd_rerun")
+    __slots__ = ("_pipe", "masd_cache", "masd_dialect", "masd_lease", "masd_rerun")
 
     def __init__(
         self,
@@ -171,8 +171,11 @@ class PgTx:
         read: bool = False,
         cache: dict[str, object] | None = None,
         rerun: bool = False,
+        lease: tuple[str, float, float] | None = None,
     ) -> None:
         self._pipe = pipe
+        #: This host, its lease's length, and when the job began (:func:`masd.store.sql.lease`).
+        self.masd_lease = lease
         #: What never changes once committed (the bounce secret), read once per store.
         self.masd_cache = cache
         #: The job runs again after a race (:func:`masd.store.sql.rerun`).
@@ -342,8 +345,9 @@ class PgStore:
                 # whose result was not read is raised at the next read or at COMMIT): a
                 # transaction block would wait for the server at both ends.  Leaving the
                 # block on an exception rolls back.
+                lease = (self.host, self.claim_seconds, time.monotonic())
                 with Transaction(conn, _BEGIN_READ if read else _BEGIN) as pipe:
-                    tx = PgTx(pipe, read=read, cache=self._cache, rerun=rerun)
+                    tx = PgTx(pipe, read=read, cache=self._cache, rerun=rerun, lease=lease)
                     value = self._checked(fn(tx))
                     ran = True
                     pipe.commit()

@@ -43,6 +43,13 @@ def rerun(tx: Tx) -> bool:
     return bool(getattr(tx, "masd_rerun", False))
 
 
+def lease(tx: Tx) -> tuple[str, float, float] | None:
+    """Where several hosts send from the outbox: this host's name, the length of the lease it
+    takes on a row (seconds, on the database's clock) and the monotonic time before the job's
+    transaction began; None where one host sends (SQLite)."""
+    return cast("tuple[str, float, float] | None", getattr(tx, "masd_lease", None))
+
+
 def many(tx: Tx, sql: str, params: Sequence[Sequence[Any]]) -> None:
     """Run one statement once per parameter tuple of ``params``."""
     cast(Any, tx).conn.executemany(sql, params)
