@@ -14,7 +14,7 @@ from support.postgres import Database, postgres, postgres_server  # noqa: F401
 
 from masd.core.engine import CaseView
 from masd.store import StoreError, cases, outbox
-from masd.store.backend import POSTGRESQL, SQLITE, Fault, Raced
+from masd.store.backend import POSTGRESQL, SQLITE, Fault, Raced, numbered
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_backend import PgStore
 from masd.store.sql import Tx, run, tuples, value
@@ -188,10 +188,13 @@ def test_sqlstates_are_classified(state: str, fault: Fault | None) -> None:
     assert SQLITE.classify(Err()) is None
 
 
-def test_placeholders_are_translated_outside_literals() -> None:
+def test_placeholders_are_numbered_outside_quoted_text() -> None:
     sql = "SELECT '?', ? FROM t WHERE a LIKE 'x%' AND b = ?"
-    assert POSTGRESQL.translate(sql) == "SELECT '?', %s FROM t WHERE a LIKE 'x%%' AND b = %s"
-    assert SQLITE.translate(sql) is sql
+    assert numbered(sql) == (b"SELECT '?', $1 FROM t WHERE a LIKE 'x%' AND b = $2", 2)
+    assert numbered("SELECT '?', \"a?\", ? FROM t WHERE v LIKE 'x%' AND k = ?") == (
+        b"SELECT '?', \"a?\", $1 FROM t WHERE v LIKE 'x%' AND k = $2",
+        2,
+    )
 
 
 def _terminate_others(store: PgStore) -> None:

@@ -17,7 +17,6 @@ from support.postgres import Database, postgres, postgres_server  # noqa: F401
 
 from masd.store import StoreError
 from masd.store.pg_backend import PgStore
-from masd.store.pg_pipeline import numbered
 from masd.store.sql import Tx, one, run, savepoint, send, tuples, value
 
 
@@ -51,13 +50,6 @@ def test_values_come_back_as_psycopgs_cursors_give_them(store: PgStore) -> None:
     read = store.read_sync(lambda tx: tuples(tx, sql, params)[0])  # psycopg's own cursor
     assert written == read == expected
     assert named == dict(zip("isbftnzqpa", expected, strict=True))
-
-
-def test_placeholders_are_numbered_outside_quoted_text() -> None:
-    assert numbered("SELECT '?', \"a?\", ? FROM t WHERE v LIKE 'x%' AND k = ?") == (
-        b"SELECT '?', \"a?\", $1 FROM t WHERE v LIKE 'x%' AND k = $2",
-        2,
-    )
 
 
 def test_too_few_parameters_are_refused_naming_both_counts(store: PgStore) -> None:

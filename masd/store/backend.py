@@ -7,9 +7,9 @@ handle (:class:`masd.store.sql.Tx`) whose connection follows
 :class:`Dialect` of its transaction (:func:`masd.store.sql.dialect`) for the
 few words that differ; everything else is common text:
 
-- placeholders: queries are written with ``?``; a backend whose driver wants
-  another style (``%s``) translates the text once per statement
-  (:meth:`Dialect.translate`), so no query is written twice;
+- placeholders: queries are written with ``?``, which SQLite takes as written;
+  PostgreSQL's backend numbers them (``$1``, ``$2``...) once per statement text
+  (:func:`numbered`), so no query is written twice;
 - ``INSERT ... ON CONFLICT (...) DO NOTHING`` / ``DO UPDATE`` and
   ``RETURNING`` are spelt the same in both (SQLite 3.35+, PostgreSQL 9.5+):
   dedupe and idempotency are unique keys, never a look followed by an insert;
@@ -159,19 +159,24 @@ def _pg_fault(exc: BaseException) -> Fault | None:
 
 # -- the dialect ------------------------------------------------------------------
 
-_QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
+#: ``?`` outside quoted text (a placeholder), or a quoted text to keep as it is.
+_QMARK = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?")
 
 
 @lru_cache(maxsize=1024)
-def _to_format(sql: str) -> str:
-    """``?`` placeholders as ``%s`` (a ``?`` in quoted text kept), every ``%`` doubled."""
+def numbered(sql: str) -> tuple[bytes, int]:
+    """The store's ``?`` text with PostgreSQL's ``$1``, ``$2``... (a ``?`` in quoted text
+    kept), encoded as libpq takes it, and how many placeholders it holds."""
+    count = 0
 
     def swap(m: re.Match[str]) -> str:
-        found = m.group(0)
-        # The driver reads every ``%`` as a placeholder's start, in a literal too.
-        return {"?": "%s", "%": "%%"}.get(found) or found.replace("%", "%%")
+        nonlocal count
+        if m.group(0) != "?":
+            return m.group(0)
+        count += 1
+        return f"${count}"
 
-    return _QMARK.sub(swap, sql)
+    return _QMARK.sub(swap, sql).encode(), count
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,8 +188,6 @@ class Dialect:
     """
 
     name: str
-    #: ``?`` as the driver takes it (``None``: as written).
-    placeholder: Callable[[str], str] | None
     #: The current time as REAL epoch seconds, in SQL.
     now_epoch: str
     #: Write transactions lock the rows they read to change (``FOR UPDATE``).
@@ -197,10 +200,6 @@ class Dialect:
     greatest: str
     #: Which driver errors are the store's (:class:`Fault`); None: the job's own.
     classify: Callable[[BaseException], Fault | None]
-
-    def translate(self, sql: str) -> str:
-        """``sql`` as written in the store (``?``) in the driver's placeholder style."""
-        return sql if self.placeholder is None else self.placeholder(sql)
 
     def json_get(self, column: str, *path: str) -> str:
         """The JSON member at ``path`` of text column ``column``: a number stays a number
@@ -274,7 +273,6 @@ class Dialect:
 
 SQLITE: Final = Dialect(
     name="sqlite",
-    placeholder=None,
     now_epoch="(julianday('now') - 2440587.5) * 86400.0",
     lock_rows=False,
     leases=False,
@@ -285,7 +283,6 @@ SQLITE: Final = Dialect(
 
 POSTGRESQL: Final = Dialect(
     name="postgresql",
-    placeholder=_to_format,
     now_epoch="extract(epoch FROM clock_timestamp())::double precision",
     lock_rows=True,
     leases=True,

@@ -88,8 +88,7 @@ def queue_item(tx: Tx, row: NewRow, now: float, deliver_until: float) -> tuple[O
 
 _COLUMNS = "kind, queue, peer, case_key, url, payload, created_at, next_attempt_at, deliver_until"
 _QUEUE = (
-    "INSERT INTO outbox (kind, queue, peer, case_key, url, payload, created_at, "
-    "next_attempt_at, deliver_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id, "
+    f"INSERT INTO outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id, "  # noqa: S608 - constant column names
     "NOT EXISTS (SELECT 1 FROM outbox p WHERE p.queue = outbox.queue "
     "AND p.state = 'pending' AND p.id < outbox.id)"
 )

@@ -3,8 +3,8 @@
 :class:`PgStore` answers what :class:`masd.store.Store` answers (``write``,
 ``read``, their ``_sync`` forms, ``check``, ``health``, ``stats``,
 ``close``) and runs the same store functions: a job gets a :class:`PgTx`,
-whose ``execute`` takes the store's ``?`` text (:data:`POSTGRESQL`
-translates it once per statement).
+whose ``execute`` takes the store's ``?`` text (numbered once per statement text,
+:func:`masd.store.backend.numbered`).
 
 Writes.  SQLite has one writer, so its group commit makes every job see the
 jobs before it.  Here any host may write at any time, and each host runs
@@ -361,7 +361,7 @@ class PgStore:
 
     @staticmethod
     def _checked(value: T) -> T:
-        if isinstance(value, types.GeneratorType | psycopg.Cursor | Result):
+        if isinstance(value, types.GeneratorType | Result):
             raise StoreError(
                 f"store job returned a lazy {type(value).__name__}; return a list instead"
             )

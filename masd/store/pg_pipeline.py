@@ -33,11 +33,9 @@ drops it.
 from __future__ import annotations
 
 import contextlib
-import re
 import select
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from functools import lru_cache
 from typing import Any, Final
 
 import psycopg
@@ -45,27 +43,11 @@ from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.errors import error_from_result
 
+from masd.store.backend import numbered
+
 _OK: Final = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK, pq.ExecStatus.EMPTY_QUERY)
 _SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
 _ABORTED: Final = pq.ExecStatus.PIPELINE_ABORTED
-
-#: ``?`` outside quoted text (the store's placeholders), or a quoted text to keep.
-_QMARK: Final = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?")
-
-
-@lru_cache(maxsize=1024)
-def numbered(sql: str) -> tuple[bytes, int]:
-    """The store's ``?`` text with libpq's ``$1``, ``$2``... and how many there are."""
-    count = 0
-
-    def swap(m: re.Match[str]) -> str:
-        nonlocal count
-        if m.group(0) != "?":
-            return m.group(0)
-        count += 1
-        return f"${count}"
-
-    return _QMARK.sub(swap, sql).encode(), count
 
 
 class Result:
