@@ -15,9 +15,10 @@ import psycopg
 import pytest
 from support.postgres import Database, postgres, postgres_server  # noqa: F401
 
-from masd.store import StoreError
+from masd.store import StoreError, pg_pipeline
 from masd.store.pg_backend import PgStore
-from masd.store.sql import Tx, one, run, savepoint, send, tuples, value
+from masd.store.pg_pipeline import Transaction
+from masd.store.sql import Tx, one, rerun, run, savepoint, send, tuples, value
 
 
 @pytest.fixture
@@ -145,3 +146,97 @@ def test_a_read_is_one_snapshot_and_writes_nothing(store: PgStore) -> None:
     with pytest.raises(StoreError, match="25006"):
         store.read_sync(lambda tx: run(tx, "DELETE FROM t"))
     assert _count(store) == 1
+
+
+# -- statements prepared once per connection ---------------------------------------------
+
+
+@pytest.fixture
+def conn(postgres: Database) -> Iterator[psycopg.Connection[Any]]:  # noqa: F811
+    with psycopg.connect(postgres.socket_uri, autocommit=True, prepare_threshold=None) as c:
+        c.execute("CREATE TABLE p (k BIGINT PRIMARY KEY, v TEXT)")
+        yield c
+
+
+def _prepared(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute(
+        "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'masd_%' ORDER BY name"
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _select(conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...] = ()) -> Any:
+    with Transaction(conn, "BEGIN") as pipe:
+        row = pipe.execute(sql, params).fetchone()
+        pipe.commit()
+    return row[0] if row else None
+
+
+def test_a_statement_is_prepared_once_per_connection_and_parameter_types(
+    conn: psycopg.Connection[Any],
+) -> None:
+    sql = "SELECT ? + 1"
+    assert [_select(conn, sql, (n,)) for n in (1, 2, 3)] == [2, 3, 4]
+    assert _prepared(conn) == ["SELECT $1 + 1"]
+    # psycopg dumps a larger int as another type: another statement, the right answer
+    assert _select(conn, sql, (2**40,)) == 2**40 + 1
+    assert _select(conn, sql, (5,)) == 6
+    assert len(_prepared(conn)) == 2
+
+
+def test_a_parse_skipped_by_an_aborted_pipeline_is_made_again(
+    conn: psycopg.Connection[Any],
+) -> None:
+    with Transaction(conn, "BEGIN") as pipe:
+        pipe.execute("SELECT 1 / ?", (0,))  # not read: its error aborts what follows
+        second = pipe.execute("SELECT ? || 'x'", ("a",))
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            second.fetchone()
+    assert _prepared(conn) == ["SELECT 1 / $1"]  # the second Parse was skipped
+    assert _select(conn, "SELECT ? || 'x'", ("a",)) == "ax"
+
+
+def test_what_a_rolled_back_transaction_prepared_is_used_after_it(
+    conn: psycopg.Connection[Any],
+) -> None:
+    insert = "INSERT INTO p (k, v) VALUES (?, ?)"
+    with Transaction(conn, "BEGIN") as pipe:
+        assert pipe.execute(insert, (1, "a")).rowcount == 1  # then rolled back
+    with Transaction(conn, "BEGIN") as pipe:
+        assert pipe.execute(insert, (1, "b")).rowcount == 1
+        pipe.commit()
+    assert conn.execute("SELECT v FROM p").fetchall() == [("b",)]
+    assert _prepared(conn) == ["INSERT INTO p (k, v) VALUES ($1, $2)"]
+
+
+def test_past_the_limit_a_connections_statements_are_made_anew(
+    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pg_pipeline, "MAX_PREPARED", 3)
+    answers = [_select(conn, f"SELECT ?::int + {n}", (1,)) for n in range(7)]
+    assert answers == [1, 2, 3, 4, 5, 6, 7]
+    assert len(_prepared(conn)) <= 3
+
+
+def test_statements_the_server_dropped_are_made_anew_and_the_job_runs_again(
+    postgres: Database,  # noqa: F811
+) -> None:
+    with PgStore(postgres.socket_uri) as s:
+        s.write_sync(lambda tx: send(tx, "CREATE TABLE q (k BIGINT PRIMARY KEY, v TEXT)"))
+        s.write_sync(lambda tx: send(tx, "INSERT INTO q (k, v) VALUES (?, ?)", (1, "a")))
+        everything = "SELECT * FROM q WHERE k = ?"
+        assert s.read_sync(lambda tx: tuples(tx, everything, (1,))) == [(1, "a")]
+        # a migration elsewhere: the prepared SELECT * now returns another row type (0A000)
+        s.write_sync(lambda tx: send(tx, "ALTER TABLE q ADD COLUMN w TEXT DEFAULT 'w'"))
+        assert s.read_sync(lambda tx: tuples(tx, everything, (1,))) == [(1, "a", "w")]
+
+        def dropped(tx: Tx) -> int:
+            count = "SELECT count(*) FROM q WHERE k = ?"
+            value(tx, count, (1,))
+            if not rerun(tx):
+                send(tx, "DEALLOCATE ALL")  # a pooler's DISCARD ALL: the statements are gone
+            return int(value(tx, count, (1,)))  # 26000 in the first run
+
+        before = s.conflicts
+        assert s.write_sync(dropped) == 1
+        assert s.conflicts == before + 1

@@ -69,8 +69,8 @@ Round trips.  A write job runs in libpq's pipeline mode
 (:mod:`masd.store.pg_pipeline`, on psycopg's ``pq`` binding and its adapters,
 without a cursor per statement): a statement whose result the job does not
 read (:func:`masd.store.sql.send`) goes out with the next one it reads,
-``BEGIN`` with the first and ``COMMIT`` with the last; statements are not
-prepared on the server (a round trip of their own), and a
+``BEGIN`` with the first and ``COMMIT`` with the last; each statement text is
+prepared once per connection, its ``Parse`` sent with its first run, and a
 pooled connection is pinged only after :data:`CHECK_IDLE_SECONDS` idle (one
 found lost before its ``COMMIT`` was sent runs the job again on another).
 
@@ -220,7 +220,8 @@ class PgStore:
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": LIBPQ_CONNECT_TIMEOUT,
-            # A statement prepared on the server costs a round trip of its own.
+            # The jobs' statements are prepared by masd.store.pg_pipeline; psycopg's own
+            # cursors (pings, migrations) would prepare theirs in a round trip of their own.
             "prepare_threshold": None,
         }
         if password is not None:

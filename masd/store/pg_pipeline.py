@@ -25,6 +25,20 @@ The rules of libpq's pipeline that shape it:
 - pipeline mode is left only with nothing pending, so every way out of
   :class:`Transaction` reads what it sent before it leaves.
 
+Statements are prepared on the server, once per connection and statement
+text (and parameter types, which psycopg picks per value): the server then
+parses a text once, not at every run, and may keep its plan.  The ``Parse``
+goes out in the same pipeline as the statement's first run, so it costs no
+round trip of its own.  A ``Parse`` the server skipped (the pipeline was
+aborted by an earlier error) or refused is forgotten, and made again at the
+text's next run; past :data:`MAX_PREPARED` texts on one connection, the
+connection's statements are dropped (``DEALLOCATE ALL``) and made anew.  A
+statement the server no longer has as it was made (``26000``: something ran
+``DISCARD ALL``; ``0A000``: a migration changed the columns a ``SELECT *``
+returns) makes every connection's statements stale: the job is run again
+(:class:`~masd.store.backend.Raced`) and each connection makes its statements
+anew before its next one.
+
 A connection that fails (``PQconsumeInput`` or ``PQflush`` failing) is left
 ``BAD`` by libpq: psycopg's ``Connection.broken`` then says so, and the pool
 drops it.
@@ -33,6 +47,7 @@ drops it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import select
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -43,21 +58,63 @@ from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.errors import error_from_result
 
-from masd.store.backend import numbered
+from masd.store.backend import Raced, numbered
 
 _OK: Final = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK, pq.ExecStatus.EMPTY_QUERY)
 _SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
 _ABORTED: Final = pq.ExecStatus.PIPELINE_ABORTED
+#: Statements one connection keeps prepared at most (module docstring).
+MAX_PREPARED: Final = 500
+
+#: What the server says of a statement it no longer has as it was prepared.
+_STALE: Final = frozenset({"26000", "0A000"})
+
+_Key = tuple[bytes, tuple[int, ...]]  # a statement's text and its parameters' types
+_epoch = 0  # raised when any connection found its statements stale (module docstring)
+
+
+class _Statements:
+    """What one connection has prepared: a name per (text, parameter types)."""
+
+    __slots__ = ("epoch", "names", "numbers")
+
+    def __init__(self) -> None:
+        self.names: dict[_Key, bytes] = {}
+        self.numbers = itertools.count(1)  # names are never reused on a connection
+        self.epoch = _epoch
+
+    @staticmethod
+    def of(conn: psycopg.Connection[Any]) -> _Statements:
+        found: _Statements | None = getattr(conn, "_masd_statements", None)
+        if found is None:
+            found = _Statements()
+            conn._masd_statements = found  # type: ignore[attr-defined]
+        return found
+
+
+class _Prepare:
+    """A ``Parse`` sent and not yet answered: forgotten unless the server made it."""
+
+    __slots__ = ("key", "statements")
+
+    def __init__(self, statements: _Statements, key: _Key) -> None:
+        self.statements = statements
+        self.key = key
+
+    def failed(self) -> None:
+        self.statements.names.pop(self.key, None)
 
 
 class Result:
     """One statement's result as a DB-API cursor shows it (:class:`masd.store.backend.Cursor`):
     read on first use, which sends what is queued and waits for it."""
 
-    __slots__ = ("_next", "_pipe", "_res", "_rows")
+    __slots__ = ("_next", "_pipe", "_res", "_rows", "made_before")
 
-    def __init__(self, pipe: Transaction) -> None:
+    def __init__(self, pipe: Transaction, made_before: bool) -> None:
         self._pipe = pipe
+        #: Its statement was prepared by an earlier transaction (a stale one fails).
+        self.made_before = made_before
         self._res: pq.abc.PGresult | None = None
         self._rows: list[tuple[Any, ...]] | None = None
         self._next = 0
@@ -113,8 +170,10 @@ class Transaction:
         self._pg = conn.pgconn
         self.encoding = conn.info.encoding
         self._tx = Transformer(conn)
+        self._statements = _Statements.of(conn)
+        self._fresh = self._statements.epoch != _epoch  # every statement made anew
         #: One entry per statement sent and not yet answered, in order.
-        self._queue: deque[Result | None] = deque()
+        self._queue: deque[Result | _Prepare | None] = deque()
         self._syncs = 0  # Syncs sent and not yet answered
         self._poll = select.poll()
         self._savepoints = 0
@@ -124,6 +183,9 @@ class Transaction:
     def __enter__(self) -> Transaction:
         self._pg.enter_pipeline_mode()
         self.send(self._begin)
+        if self._fresh:
+            self._deallocate()
+            self._statements.epoch = _epoch
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
@@ -153,14 +215,29 @@ class Transaction:
             )
         if params:
             values = self._tx.dump_sequence(params, (PyFormat.AUTO,) * count)
-            self._pg.send_query_params(
-                query, values, param_types=self._tx.types, param_formats=self._tx.formats
-            )
+            key = (query, tuple(self._tx.types or ()))
+            formats: Sequence[pq.Format] | None = self._tx.formats
         else:
-            self._pg.send_query_params(query, None)
-        result = Result(self)
+            values, key, formats = None, (query, ()), None
+        name = self._statements.names.get(key)
+        result = Result(self, name is not None)
+        self._pg.send_query_prepared(name or self._prepare(key), values, param_formats=formats)
         self._queue.append(result)
         return result
+
+    def _prepare(self, key: _Key) -> bytes:
+        statements = self._statements
+        if len(statements.names) >= MAX_PREPARED:
+            self._deallocate()
+        name = b"masd_%d" % next(statements.numbers)
+        self._pg.send_prepare(name, key[0], param_types=key[1])
+        self._queue.append(_Prepare(statements, key))
+        statements.names[key] = name
+        return name
+
+    def _deallocate(self) -> None:
+        self.send("DEALLOCATE ALL")
+        self._statements.names.clear()
 
     def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> None:
         for one in params:
@@ -206,7 +283,7 @@ class Transaction:
         self._pg.pipeline_sync()
         self._syncs += 1
         self._flush()
-        error: psycopg.Error | None = None
+        error: Exception | None = None
         while self._syncs:
             res = self._next_result()
             status = res.status
@@ -215,18 +292,29 @@ class Transaction:
                 continue
             entry = self._queue.popleft()
             if status in _OK:
-                if entry is not None:
+                if isinstance(entry, Result):
                     entry._res = res
-            elif error is None:
-                error = (
-                    error_from_result(res, encoding=self.encoding)
-                    if status != _ABORTED
-                    else psycopg.OperationalError("statement not run: the pipeline was aborted")
-                )
+                continue
+            if isinstance(entry, _Prepare):
+                entry.failed()
+            if error is None:
+                error = self._error(res, entry)
         if error is not None:
             if self._conn.broken and not isinstance(error, psycopg.OperationalError):
                 raise psycopg.OperationalError(str(error)) from error
             raise error
+
+    def _error(self, res: pq.abc.PGresult, entry: Result | _Prepare | None) -> Exception:
+        global _epoch
+        if res.status == _ABORTED:
+            return psycopg.OperationalError("statement not run: the pipeline was aborted")
+        error = error_from_result(res, encoding=self.encoding)
+        if error.sqlstate in _STALE and isinstance(entry, Result) and entry.made_before:
+            _epoch += 1  # every connection's statements are made anew (module docstring)
+            stale = Raced(f"a prepared statement was stale: {error} ({error.sqlstate})")
+            stale.__cause__ = error
+            return stale
+        return error
 
     def _next_result(self) -> pq.abc.PGresult:
         """The next result libpq has (not the null after each statement's), waiting for
