@@ -490,3 +490,46 @@ def test_rows_recorded_while_it_runs_go_out_in_order(tmp_path: Path) -> None:
         assert contract(cancel)["id"] == "c-1"
 
     run_env(tmp_path, body, peer=FakePeer(held))
+
+
+def test_a_mail_the_relay_took_is_recorded_at_once_not_behind_other_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's ``250`` is committed in a write of its own while the lease is held, not in
+    the write that marks other rows done: with that write held in flight (a contract
+    message's), the mail's row is done all the same.  Behind it, a host killed meanwhile
+    would leave the mail to be sent again (docs/operations.md §11)."""
+    from masd.testing import MemoryMailTransport
+
+    marking, release = asyncio.Event(), asyncio.Event()
+    write_done = Outbox._write_done
+
+    async def held(self: Outbox, item_ids: list[int]) -> None:
+        marking.set()
+        await release.wait()
+        await write_done(self, item_ids)
+
+    monkeypatch.setattr(Outbox, "_write_done", held)
+
+    async def body(env: Env) -> None:
+        async def mail_rows_done() -> bool:
+            rows = await query(env, "SELECT state FROM outbox WHERE kind = 'mail'")
+            return bool(rows) and all(r["state"] == "done" for r in rows)
+
+        transport = MemoryMailTransport()
+        outbox = Outbox(EdgeContext(env.rt, env.store, env.clock, env.metrics), mail=transport)
+        outbox.start()
+        try:
+            await deliver(env, REQUEST, inbound(REQUEST)[0])  # a handoff.request to the peer
+            outbox.wake()
+            await eventually(marking.is_set, "the contract message's done record under way")
+            await deliver(env, INTAKE, inbound(INTAKE)[0])  # an acknowledgement by mail
+            outbox.wake()
+            await transport.wait_for(1)
+            await eventually(mail_rows_done, "the mail's row done while the other record waits")
+            assert not release.is_set()
+        finally:
+            release.set()
+            await outbox.stop()
+
+    run_env(tmp_path, body)
