@@ -11,7 +11,7 @@ import threading
 import time
 
 from masd.testing.proxy_process import ProxyProcess
-from masd.testing.tcp_proxy import _Conversation
+from masd.testing.tcp_proxy import TcpProxy, _Conversation
 
 
 def msg(kind: bytes, body: bytes = b"") -> bytes:
@@ -115,3 +115,29 @@ def _echo(listener: socket.socket) -> None:
     with conn:
         while data := conn.recv(100):
             conn.sendall(data)
+
+
+def test_a_stream_larger_than_the_buffers_comes_through_held_in_order_and_its_end_too() -> None:
+    """Eight megabytes each way through the held proxy (the reader slower than the sender:
+    the proxy's buffers fill and it stops reading), byte for byte; the client's close
+    reaches the server once what was held is written."""
+    payload = bytes(range(256)) * 32768  # 8 MiB, every offset's byte known
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        echo = threading.Thread(target=_echo, args=(listener,), daemon=True)
+        echo.start()
+        with (
+            TcpProxy(listener.getsockname(), delay=0.001) as proxy,
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client,
+        ):
+            sender = threading.Thread(target=client.sendall, args=(payload,), daemon=True)
+            sender.start()
+            got = bytearray()
+            while len(got) < len(payload):
+                time.sleep(0.001 if len(got) < 1 << 20 else 0)  # slow at first
+                got += client.recv(1 << 16)
+            sender.join(10)
+            assert bytes(got) == payload
+            client.shutdown(socket.SHUT_WR)
+            assert client.recv(100) == b""  # the echo saw the end and closed: so did we
+        echo.join(10)
+        assert not echo.is_alive()

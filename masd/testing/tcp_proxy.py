@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
+from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -46,6 +46,7 @@ class TcpProxy:
         self._trips = 0
         self._connections = 0
         self._talks: set[_Conversation] = set()
+        self._ends: set[_End] = set()  # open ends, closed when the proxy stops
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -103,7 +104,7 @@ class TcpProxy:
         try:
             self.port = free_port()
             self._server = loop.run_until_complete(
-                asyncio.start_server(self._connect, "127.0.0.1", self.port)
+                loop.create_server(self._accept, "127.0.0.1", self.port)
             )
         except BaseException as exc:  # noqa: BLE001 - handed to start()
             self._error = exc
@@ -115,76 +116,143 @@ class TcpProxy:
             loop.run_forever()
         finally:
             self._server.close()
+            for end in list(self._ends):
+                end.close(abort=True)
             tasks = asyncio.all_tasks(loop)
             for task in tasks:
                 task.cancel()
             with contextlib.suppress(BaseException):
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+                loop.run_until_complete(self._drained(tasks))
             loop.close()
+
+    @staticmethod
+    async def _drained(tasks: set[asyncio.Task[object]]) -> None:
+        """The cancelled tasks ended, and the aborted ends' sockets closed."""
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0)
 
     # -- one connection ------------------------------------------------------------------
 
-    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
+    def _accept(self) -> _End:
         talk = _Conversation()
+        client = _End(self, talk.client)
+        asyncio.get_running_loop().create_task(self._join(client, talk))
+        return client
+
+    async def _join(self, client: _End, talk: _Conversation) -> None:
+        """Open the connection to ``target`` for ``client``, then forward both ways."""
+        loop = asyncio.get_running_loop()
+        try:
+            _, server = await loop.create_connection(lambda: _End(self, talk.server), *self.target)
+        except OSError:
+            client.close()
+            return
         with self._lock:
             self._connections += 1
             self._talks.add(talk)
-        try:
-            with contextlib.suppress(asyncio.CancelledError):  # the proxy stopping
-                await asyncio.gather(
-                    self._pipe(reader, up_writer, talk.client),
-                    self._pipe(up_reader, writer, talk.server),
-                    return_exceptions=True,
-                )
-        finally:
-            with self._lock:
-                self._talks.discard(talk)
+        server.on_close = client.on_close = lambda: self._forget(talk)
+        client.join(server)
+        server.join(client)
 
-    async def _pipe(
-        self,
-        source: asyncio.StreamReader,
-        sink: asyncio.StreamWriter,
-        heard: Callable[[bytes], int],
-    ) -> None:
-        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-        sender = asyncio.ensure_future(self._release(held, sink))
-        try:
-            while chunk := await source.read(_CHUNK):
-                trips = heard(chunk)
-                if trips:
-                    with self._lock:
-                        self._trips += trips
-                held.put_nowait((time.monotonic() + self.delay, chunk))
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            held.put_nowait((0.0, b""))
-            with contextlib.suppress(BaseException):
-                await sender
+    def _forget(self, talk: _Conversation) -> None:
+        with self._lock:
+            self._talks.discard(talk)
 
-    @staticmethod
-    async def _release(
-        held: asyncio.Queue[tuple[float, bytes]], sink: asyncio.StreamWriter
-    ) -> None:
-        try:
-            while True:
-                due, chunk = await held.get()
-                if not chunk:
-                    break
-                wait = due - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                sink.write(chunk)
-                await sink.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            sink.close()
+    def _count(self, trips: int) -> None:
+        with self._lock:
+            self._trips += trips
+
+
+class _End(asyncio.Protocol):
+    """One end of a forwarded connection: what it receives is written to the other end
+    once it has been held ``delay`` seconds, in order (one timer per end, not one per
+    chunk); the other end's full buffer pauses its reading."""
+
+    def __init__(self, proxy: TcpProxy, heard: Callable[[bytes], int]) -> None:
+        self._proxy = proxy
+        self._heard = heard
+        self._delay = proxy.delay
+        self._held: deque[tuple[float, bytes]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._transport: asyncio.Transport | None = None
+        self._other: _End | None = None
+        self._ended = False
+        self.on_close: Callable[[], None] | None = None
+        proxy._ends.add(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        transport.set_write_buffer_limits(high=4 * _CHUNK)
+        if self._other is None:
+            transport.pause_reading()  # until the other end is open
+
+    def join(self, other: _End) -> None:
+        self._other = other
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        trips = self._heard(data)
+        if trips:
+            self._proxy._count(trips)
+        if not self._delay and not self._held:
+            self._write(data)
+            return
+        loop = asyncio.get_running_loop()
+        self._held.append((loop.time() + self._delay, data))
+        if self._timer is None:
+            self._timer = loop.call_at(self._held[0][0], self._release)
+
+    def _release(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        held = self._held
+        while held and held[0][0] <= now:
+            self._write(held.popleft()[1])
+        if held:
+            self._timer = asyncio.get_running_loop().call_at(held[0][0], self._release)
+        elif self._ended and self._other is not None:
+            self._other.close()
+
+    def _write(self, data: bytes) -> None:
+        other = self._other
+        if other is not None and other._transport is not None and not other._transport.is_closing():
+            other._transport.write(data)
+
+    def eof_received(self) -> bool:
+        self._end()
+        return True  # closed with the other end, once what was held is written
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._proxy._ends.discard(self)
+        self._end()
+        if self.on_close is not None:
+            self.on_close()
+
+    def _end(self) -> None:
+        self._ended = True
+        if not self._held and self._other is not None:
+            self._other.close()
+
+    def close(self, *, abort: bool = False) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._held.clear()
+        if self._transport is not None:
+            if abort:
+                self._transport.abort()
+            else:
+                self._transport.close()
+
+    def pause_writing(self) -> None:
+        if self._other is not None and self._other._transport is not None:
+            self._other._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self._other is not None and self._other._transport is not None:
+            self._other._transport.resume_reading()
 
 
 class _Conversation:
