@@ -87,19 +87,21 @@ def configs(
 async def deliver_all(
     setups: Sequence[MasterSetup], rcpt: str, count: int, sessions: int, tag: str
 ) -> float:
-    """``count`` mails over ``sessions`` concurrent sessions; seconds to the last ``250``."""
-    queue: asyncio.Queue[int] = asyncio.Queue()
+    """``count`` mails over ``sessions`` concurrent sessions; seconds to the last ``250``.
+
+    The mails are written before the clock starts: building one costs the load generator
+    about 0.7 ms of CPU, on the machine masd is measured on."""
+    queue: asyncio.Queue[tuple[int, str, bytes]] = asyncio.Queue()
+    body = "phone: +1 555 0100\n" if "callback" in rcpt else "Hello.\n"
     for n in range(count):
-        queue.put_nowait(n)
+        sender = f"{tag}{n}@example.org"
+        queue.put_nowait((n, sender, mx_mail(sender, rcpt, subject=f"{tag} {n}", body=body)[1]))
 
     async def session(k: int) -> None:
         setup = setups[k % len(setups)]
         async with await lmtpclient.LmtpConnection.open(("127.0.0.1", setup.lmtp_port)) as conn:
             while not queue.empty():
-                n = queue.get_nowait()
-                sender = f"{tag}{n}@example.org"
-                body = "phone: +1 555 0100\n" if "callback" in rcpt else "Hello.\n"
-                _, data = mx_mail(sender, rcpt, subject=f"{tag} {n}", body=body)
+                n, sender, data = queue.get_nowait()
                 result = await conn.send(sender, [rcpt], data)
                 if result.codes != (250,):
                     raise SystemExit(f"bench: mail {n} answered {result.codes}")
