@@ -311,3 +311,32 @@ def test_a_head_is_its_queuers_to_send_until_its_lease_runs_out(
     assert heads(b) == [first.id]
     assert b.write_sync(lambda tx: outbox.claim(tx, [first.id], b.host, 30.0)) == [first.id]
     assert heads(a) == []
+
+
+def test_a_pooled_connection_is_pinged_only_after_it_was_idle(
+    postgres: Database,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job stamps its connection as it ends (no pool reset callback, which would return
+    every connection through a worker thread of the pool's): the next job on it is not
+    pinged, a job after :data:`CHECK_IDLE_SECONDS` is."""
+    from psycopg_pool import ConnectionPool
+
+    from masd.store import pg_backend
+
+    pings: list[object] = []
+    ping = ConnectionPool.check_connection
+
+    def counted(conn: object) -> None:
+        pings.append(conn)
+        ping(conn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted))
+    with PgStore(postgres.socket_uri) as store:
+        for _ in range(10):
+            store.write_sync(lambda tx: value(tx, "SELECT 1"))
+        # each connection pinged once, at its first job (the pool may open a second one)
+        assert 1 <= len(pings) == len({id(c) for c in pings})
+        monkeypatch.setattr(pg_backend, "CHECK_IDLE_SECONDS", 0.0)
+        store.write_sync(lambda tx: value(tx, "SELECT 1"))
+        assert len({id(c) for c in pings}) < len(pings)  # a connection used before: pinged

@@ -138,6 +138,7 @@ CHECK_IDLE_SECONDS: Final = 2.0
 #: libpq's own limit on opening a connection (seconds; libpq takes 2 at least).
 LIBPQ_CONNECT_TIMEOUT: Final = 2
 
+_USED: Final = "_masd_used"  # when a pooled connection last ended a job (monotonic)
 _PROBE: Final = "SELECT pg_current_xact_id()"  # takes a transaction id: fails where nothing commits
 _UNIQUE: Final = "23505"
 _BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
@@ -246,15 +247,10 @@ class PgStore:
         """A pool of autocommit connections: each job's ``BEGIN`` says how it runs, a read
         at ``REPEATABLE READ, READ ONLY``, a write at ``READ COMMITTED`` (``_transaction``)."""
 
-        used: dict[int, float] = {}
-
-        def returned(conn: psycopg.Connection[Any]) -> None:
-            used[id(conn)] = time.monotonic()
-
         def check(conn: psycopg.Connection[Any]) -> None:
             # A ping is a round trip: only for a connection idle long enough to have been
-            # dropped (a server restarted, a firewall's idle timeout).
-            if time.monotonic() - used.pop(id(conn), 0.0) > CHECK_IDLE_SECONDS:
+            # dropped (a server restarted, a firewall's idle timeout), or never used.
+            if time.monotonic() - getattr(conn, _USED, 0.0) > CHECK_IDLE_SECONDS:
                 ConnectionPool.check_connection(conn)
 
         pool = ConnectionPool(
@@ -265,7 +261,9 @@ class PgStore:
             timeout=CONNECT_TIMEOUT,
             open=False,
             check=check,
-            reset=returned,
+            # No reset callback: with one, the pool hands every returned connection to a
+            # worker thread of its own (a thread switch per job, and the connection out of
+            # reach meanwhile); _transaction stamps its last use instead.
             name="masd-read" if read else "masd-write",
         )
         pool.open(wait=False)
@@ -347,11 +345,14 @@ class PgStore:
                 # transaction block would wait for the server at both ends.  Leaving the
                 # block on an exception rolls back.
                 lease = (self.host, self.claim_seconds, time.monotonic())
-                with Transaction(conn, _BEGIN_READ if read else _BEGIN) as pipe:
-                    tx = PgTx(pipe, read=read, cache=self._cache, rerun=rerun, lease=lease)
-                    value = self._checked(fn(tx))
-                    ran = True
-                    pipe.commit()
+                try:
+                    with Transaction(conn, _BEGIN_READ if read else _BEGIN) as pipe:
+                        tx = PgTx(pipe, read=read, cache=self._cache, rerun=rerun, lease=lease)
+                        value = self._checked(fn(tx))
+                        ran = True
+                        pipe.commit()
+                finally:
+                    setattr(conn, _USED, time.monotonic())
                 return value
         except psycopg.OperationalError as exc:
             # A connection that was lost before its COMMIT was sent committed nothing: the
