@@ -209,13 +209,20 @@ def test_what_a_rolled_back_transaction_prepared_is_used_after_it(
     assert _prepared(conn) == ["INSERT INTO p (k, v) VALUES ($1, $2)"]
 
 
-def test_past_the_limit_a_connections_statements_are_made_anew(
+def test_past_the_limit_the_statement_least_recently_run_is_dropped(
     conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pg_pipeline, "MAX_PREPARED", 3)
-    answers = [_select(conn, f"SELECT ?::int + {n}", (1,)) for n in range(7)]
-    assert answers == [1, 2, 3, 4, 5, 6, 7]
-    assert len(_prepared(conn)) <= 3
+    texts = [f"SELECT ?::int + {n}" for n in range(5)]
+    assert [_select(conn, t, (1,)) for t in texts[:3]] == [1, 2, 3]
+    assert _select(conn, texts[0], (1,)) == 1  # run again: the most recent now
+    assert [_select(conn, t, (1,)) for t in texts[3:]] == [4, 5]  # drop 1, then 2
+    assert _prepared(conn) == ["SELECT $1::int + 0", "SELECT $1::int + 3", "SELECT $1::int + 4"]
+    with Transaction(conn, "BEGIN") as pipe:  # one transaction over the limit: in order
+        results = [pipe.execute(t, (1,)) for t in texts]
+        assert [r.fetchone() for r in results] == [(n + 1,) for n in range(5)]
+        pipe.commit()
+    assert len(_prepared(conn)) == 3
 
 
 def test_statements_the_server_dropped_are_made_anew_and_the_job_runs_again(

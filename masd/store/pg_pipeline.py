@@ -31,8 +31,9 @@ parses a text once, not at every run, and may keep its plan.  The ``Parse``
 goes out in the same pipeline as the statement's first run, so it costs no
 round trip of its own.  A ``Parse`` the server skipped (the pipeline was
 aborted by an earlier error) or refused is forgotten, and made again at the
-text's next run; past :data:`MAX_PREPARED` texts on one connection, the
-connection's statements are dropped (``DEALLOCATE ALL``) and made anew.  A
+text's next run.  A connection keeps :data:`MAX_PREPARED` statements (about 25 KB
+of the server's memory each, with its plan); past them, the one least recently
+run is dropped (``DEALLOCATE``, in the same pipeline).  A
 statement the server no longer has as it was made (``26000``: something ran
 ``DISCARD ALL``; ``0A000``: a migration changed the columns a ``SELECT *``
 returns) makes every connection's statements stale: the job is run again
@@ -49,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import select
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
@@ -64,7 +65,7 @@ _OK: Final = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK, pq.ExecStatus.E
 _SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
 _ABORTED: Final = pq.ExecStatus.PIPELINE_ABORTED
 #: Statements one connection keeps prepared at most (module docstring).
-MAX_PREPARED: Final = 500
+MAX_PREPARED: Final = 100
 
 #: What the server says of a statement it no longer has as it was prepared.
 _STALE: Final = frozenset({"26000", "0A000"})
@@ -79,7 +80,7 @@ class _Statements:
     __slots__ = ("epoch", "names", "numbers")
 
     def __init__(self) -> None:
-        self.names: dict[_Key, bytes] = {}
+        self.names: OrderedDict[_Key, bytes] = OrderedDict()  # least recently run first
         self.numbers = itertools.count(1)  # names are never reused on a connection
         self.epoch = _epoch
 
@@ -95,14 +96,17 @@ class _Statements:
 class _Prepare:
     """A ``Parse`` sent and not yet answered: forgotten unless the server made it."""
 
-    __slots__ = ("key", "statements")
+    __slots__ = ("key", "name", "statements")
 
-    def __init__(self, statements: _Statements, key: _Key) -> None:
+    def __init__(self, statements: _Statements, key: _Key, name: bytes) -> None:
         self.statements = statements
         self.key = key
+        self.name = name
 
     def failed(self) -> None:
-        self.statements.names.pop(self.key, None)
+        names = self.statements.names
+        if names.get(self.key) == self.name:
+            del names[self.key]
 
 
 class Result:
@@ -219,7 +223,10 @@ class Transaction:
             formats: Sequence[pq.Format] | None = self._tx.formats
         else:
             values, key, formats = None, (query, ()), None
-        name = self._statements.names.get(key)
+        names = self._statements.names
+        name = names.get(key)
+        if name is not None:
+            names.move_to_end(key)
         result = Result(self, name is not None)
         self._pg.send_query_prepared(name or self._prepare(key), values, param_formats=formats)
         self._queue.append(result)
@@ -227,11 +234,12 @@ class Transaction:
 
     def _prepare(self, key: _Key) -> bytes:
         statements = self._statements
-        if len(statements.names) >= MAX_PREPARED:
-            self._deallocate()
+        while len(statements.names) >= MAX_PREPARED:
+            _, old = statements.names.popitem(last=False)
+            self.send("DEALLOCATE " + old.decode())  # after the runs of it already sent
         name = b"masd_%d" % next(statements.numbers)
         self._pg.send_prepare(name, key[0], param_types=key[1])
-        self._queue.append(_Prepare(statements, key))
+        self._queue.append(_Prepare(statements, key, name))
         statements.names[key] = name
         return name
 
