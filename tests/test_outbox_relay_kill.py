@@ -9,6 +9,11 @@ second host once ``claim_timeout`` (2 s) has run out.  A second mail (a second c
 then acknowledged through the relay, answering normally now, and every outbox row is
 done: the first acknowledgement reached the relay once.
 
+On an idle store this passes whether the record is a transaction of its own right after
+the ``250`` or waits behind the outbox's other records (the tree before that change passed
+it too). The test that tells the two apart is, in ``tests/test_outbox.py``,
+``test_a_mail_the_relay_took_is_recorded_at_once_not_behind_other_records``.
+
 What remains (docs/operations.md §11, "each outbox row"): a host killed between the
 relay's ``250`` and that commit (a round trip to the store) leaves the row pending, and it
 is sent again with the same Message-ID.
