@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+
+import pytest
 
 from masd.testing import net
 
@@ -23,3 +27,22 @@ def test_a_port_in_use_is_not_picked() -> None:
         held.listen()
         taken = held.getsockname()[1]
         assert taken not in net.free_ports(200)
+
+
+def test_a_port_another_process_picked_a_moment_ago_is_not_picked() -> None:
+    """A port is free from its pick until its server binds it: test processes side by side
+    leave each other's recent picks alone (the file per port they share)."""
+    script = "from masd.testing import net; print(*net.free_ports(300))"
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout
+    theirs = {int(p) for p in out.split()}
+    assert len(theirs) == 300
+    assert not theirs & set(net.free_ports(300))
+
+
+def test_an_old_pick_is_picked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = net.free_port()
+    assert not net._reserve(port)  # just picked: held
+    monkeypatch.setattr(net, "_HOLD", 0.0)
+    assert net._reserve(port)

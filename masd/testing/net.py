@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import socket
+import tempfile
+import time
 from pathlib import Path
 from typing import Final
 
@@ -20,6 +23,11 @@ _TRIES: Final = 50
 #: Its own generator, seeded by the system: hypothesis seeds the global ``random`` alike in
 #: every process, so test processes running side by side would pick the same ports.
 _PICK: Final = random.SystemRandom()
+#: A port picked by any process on this machine is left to it this long: test processes
+#: running side by side pick from one range, and a port stays free from its pick until its
+#: server binds it (a Postfix or a PostgreSQL started in between can take seconds).
+_HOLD: Final = 120.0
+_RESERVED: Final = Path(tempfile.gettempdir()) / "masd-test-ports"
 
 
 def free_port() -> int:
@@ -32,10 +40,33 @@ def free_port() -> int:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+        if _reserve(port):
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))  # every pick taken: one the kernel chooses
         return int(sock.getsockname()[1])
+
+
+def _reserve(port: int) -> bool:
+    """Take ``port`` unless a process on this machine (this one included) picked it less
+    than :data:`_HOLD` seconds ago: a file per port in :data:`_RESERVED`, its time the pick's."""
+    path = _RESERVED / str(port)
+    now = time.time()
+    try:
+        _RESERVED.mkdir(mode=0o1777, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+    except FileExistsError:
+        try:
+            if now - path.stat().st_mtime < _HOLD:
+                return False
+            os.utime(path, (now, now))  # an old pick: this process's now
+        except OSError:
+            return False
+        return True
+    except OSError:
+        return True  # no shared directory to mark it in: the bind check alone
+    os.close(fd)
+    return True
 
 
 def _ephemeral_start() -> int:
