@@ -141,3 +141,22 @@ def test_a_stream_larger_than_the_buffers_comes_through_held_in_order_and_its_en
             assert client.recv(100) == b""  # the echo saw the end and closed: so did we
         echo.join(10)
         assert not echo.is_alive()
+
+
+def test_an_answer_held_when_the_client_stops_sending_still_reaches_it() -> None:
+    """The client writes, then shuts its sending side at once: the server's answer, held in
+    the proxy when the client's end closes the server's connection, is still delivered."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        echo = threading.Thread(target=_echo, args=(listener,), daemon=True)
+        echo.start()
+        with (
+            TcpProxy(listener.getsockname(), delay=0.05) as proxy,
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client,
+        ):
+            client.sendall(b"ping")
+            client.shutdown(socket.SHUT_WR)
+            got = b""
+            while data := client.recv(100):
+                got += data
+            assert got == b"ping"
+        echo.join(10)

@@ -166,7 +166,9 @@ class TcpProxy:
 class _End(asyncio.Protocol):
     """One end of a forwarded connection: what it receives is written to the other end
     once it has been held ``delay`` seconds, in order (one timer per end, not one per
-    chunk); the other end's full buffer pauses its reading."""
+    chunk); the other end's full buffer pauses its reading.  Its end of input is passed on
+    the same way, after what was held: a half close as a half close (the other direction
+    goes on), a lost connection as a close; once both directions ended, both close."""
 
     def __init__(self, proxy: TcpProxy, heard: Callable[[bytes], int]) -> None:
         self._proxy = proxy
@@ -176,7 +178,9 @@ class _End(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._other: _End | None = None
-        self._ended = False
+        self._ended = False  # no more input: end of file, or the connection lost
+        self._passed = False  # ... and that end was passed on to the other end
+        self._lost = False
         self.on_close: Callable[[], None] | None = None
         proxy._ends.add(self)
 
@@ -212,8 +216,8 @@ class _End(asyncio.Protocol):
             self._write(held.popleft()[1])
         if held:
             self._timer = asyncio.get_running_loop().call_at(held[0][0], self._release)
-        elif self._ended and self._other is not None:
-            self._other.close()
+        elif self._ended:
+            self._pass_end()
 
     def _write(self, data: bytes) -> None:
         other = self._other
@@ -222,18 +226,32 @@ class _End(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._end()
-        return True  # closed with the other end, once what was held is written
+        return True  # still written to: closed once both directions ended
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._proxy._ends.discard(self)
+        self._lost = True
         self._end()
         if self.on_close is not None:
             self.on_close()
 
     def _end(self) -> None:
         self._ended = True
-        if not self._held and self._other is not None:
-            self._other.close()
+        if not self._held:
+            self._pass_end()
+
+    def _pass_end(self) -> None:
+        """What this end received is all written to the other: end the other's output."""
+        other = self._other
+        if self._passed or other is None or other._transport is None:
+            return
+        self._passed = True
+        if self._lost or other._passed or not other._transport.can_write_eof():
+            other.close()
+            if other._passed and self._transport is not None:
+                self._transport.close()
+        else:
+            other._transport.write_eof()
 
     def close(self, *, abort: bool = False) -> None:
         if self._timer is not None:
