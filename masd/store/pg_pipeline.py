@@ -175,7 +175,6 @@ class Transaction:
         self.encoding = conn.info.encoding
         self._tx = Transformer(conn)
         self._statements = _Statements.of(conn)
-        self._fresh = self._statements.epoch != _epoch  # every statement made anew
         #: One entry per statement sent and not yet answered, in order.
         self._queue: deque[Result | _Prepare | None] = deque()
         self._syncs = 0  # Syncs sent and not yet answered
@@ -187,7 +186,7 @@ class Transaction:
     def __enter__(self) -> Transaction:
         self._pg.enter_pipeline_mode()
         self.send(self._begin)
-        if self._fresh:
+        if self._statements.epoch != _epoch:  # found stale somewhere: every one made anew
             self._deallocate()
             self._statements.epoch = _epoch
         return self
