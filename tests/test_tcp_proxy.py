@@ -6,9 +6,11 @@ client's on the server, however the client's messages fall into packets.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 from masd.testing.proxy_process import ProxyProcess
 from masd.testing.tcp_proxy import TcpProxy, _Conversation
@@ -117,46 +119,47 @@ def _echo(listener: socket.socket) -> None:
             conn.sendall(data)
 
 
+@contextlib.contextmanager
+def _echoed(delay: float) -> Iterator[socket.socket]:
+    """A client connected to an echo server through a :class:`TcpProxy` holding ``delay``;
+    the echo has ended by itself when the block ends."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        echo = threading.Thread(target=_echo, args=(listener,), daemon=True)
+        echo.start()
+        with (
+            TcpProxy(listener.getsockname(), delay=delay) as proxy,
+            socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client,
+        ):
+            yield client
+        echo.join(10)
+        assert not echo.is_alive()
+
+
 def test_a_stream_larger_than_the_buffers_comes_through_held_in_order_and_its_end_too() -> None:
     """Eight megabytes each way through the held proxy (the reader slower than the sender:
     the proxy's buffers fill and it stops reading), byte for byte; the client's close
     reaches the server once what was held is written."""
     payload = bytes(range(256)) * 32768  # 8 MiB, every offset's byte known
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        echo = threading.Thread(target=_echo, args=(listener,), daemon=True)
-        echo.start()
-        with (
-            TcpProxy(listener.getsockname(), delay=0.001) as proxy,
-            socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client,
-        ):
-            sender = threading.Thread(target=client.sendall, args=(payload,), daemon=True)
-            sender.start()
-            got = bytearray()
-            while len(got) < len(payload):
-                time.sleep(0.001 if len(got) < 1 << 20 else 0)  # slow at first
-                got += client.recv(1 << 16)
-            sender.join(10)
-            assert bytes(got) == payload
-            client.shutdown(socket.SHUT_WR)
-            assert client.recv(100) == b""  # the echo saw the end and closed: so did we
-        echo.join(10)
-        assert not echo.is_alive()
+    with _echoed(0.001) as client:
+        sender = threading.Thread(target=client.sendall, args=(payload,), daemon=True)
+        sender.start()
+        got = bytearray()
+        while len(got) < len(payload):
+            time.sleep(0.001 if len(got) < 1 << 20 else 0)  # slow at first
+            got += client.recv(1 << 16)
+        sender.join(10)
+        assert bytes(got) == payload
+        client.shutdown(socket.SHUT_WR)
+        assert client.recv(100) == b""  # the echo saw the end and closed: so did we
 
 
 def test_an_answer_held_when_the_client_stops_sending_still_reaches_it() -> None:
-    """The client writes, then shuts its sending side at once: the server's answer, held in
-    the proxy when the client's end closes the server's connection, is still delivered."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        echo = threading.Thread(target=_echo, args=(listener,), daemon=True)
-        echo.start()
-        with (
-            TcpProxy(listener.getsockname(), delay=0.05) as proxy,
-            socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as client,
-        ):
-            client.sendall(b"ping")
-            client.shutdown(socket.SHUT_WR)
-            got = b""
-            while data := client.recv(100):
-                got += data
-            assert got == b"ping"
-        echo.join(10)
+    """The client writes, then shuts its sending side at once: its end of input reaches the
+    server after what was held, and the server's answer, held in turn, is still delivered."""
+    with _echoed(0.05) as client:
+        client.sendall(b"ping")
+        client.shutdown(socket.SHUT_WR)
+        got = b""
+        while data := client.recv(100):
+            got += data
+        assert got == b"ping"
