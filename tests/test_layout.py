@@ -27,8 +27,9 @@ MAX_TOP_MODULES = 8
 SQL = re.compile(
     r"SELECT .* FROM|INSERT (OR [A-Z]+ )?INTO|UPDATE [a-z_]+ SET|DELETE FROM|CREATE TABLE"
 )
-#: Database modules only the store may import.
-DATABASE_MODULES = frozenset({"sqlite_utils", "sqlite3", "psycopg", "psycopg_pool"})
+#: Database modules (and greenlet, which runs the store's jobs on the event loop) only the
+#: store may import.
+DATABASE_MODULES = frozenset({"sqlite_utils", "sqlite3", "psycopg", "greenlet"})
 
 
 def modules() -> Iterator[Path]:

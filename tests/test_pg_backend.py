@@ -8,7 +8,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from support.postgres import Database, postgres, postgres_server  # noqa: F401
 
@@ -317,26 +319,27 @@ def test_a_pooled_connection_is_pinged_only_after_it_was_idle(
     postgres: Database,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A job stamps its connection as it ends (no pool reset callback, which would return
-    every connection through a worker thread of the pool's): the next job on it is not
-    pinged, a job after :data:`CHECK_IDLE_SECONDS` is."""
-    from psycopg_pool import ConnectionPool
-
+    """A job's connection is pinged only if it was idle :data:`CHECK_IDLE_SECONDS`; one
+    the server dropped meanwhile fails its ping and is replaced, and the job runs."""
     from masd.store import pg_backend
 
-    pings: list[object] = []
-    ping = ConnectionPool.check_connection
+    pings: list[int] = []
+    ping = pg_backend.ping
 
-    def counted(conn: object) -> None:
-        pings.append(conn)
-        ping(conn)  # type: ignore[arg-type]
+    def counted(conn: psycopg.Connection[Any], wait: Any) -> None:
+        pings.append(conn.info.backend_pid)
+        ping(conn, wait)
 
-    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted))
+    monkeypatch.setattr(pg_backend, "ping", counted)
+    pid = "SELECT pg_backend_pid()"
     with PgStore(postgres.socket_uri) as store:
-        for _ in range(10):
-            store.write_sync(lambda tx: value(tx, "SELECT 1"))
-        # each connection pinged once, at its first job (the pool may open a second one)
-        assert 1 <= len(pings) == len({id(c) for c in pings})
+        first = {store.write_sync(lambda tx: value(tx, pid)) for _ in range(10)}
+        assert pings == []  # new, then used a moment before: never pinged
         monkeypatch.setattr(pg_backend, "CHECK_IDLE_SECONDS", 0.0)
-        store.write_sync(lambda tx: value(tx, "SELECT 1"))
-        assert len({id(c) for c in pings}) < len(pings)  # a connection used before: pinged
+        assert {store.write_sync(lambda tx: value(tx, pid))} == first
+        assert pings == list(first)  # idle "long enough": pinged, and kept
+        with psycopg.connect(postgres.socket_uri, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", list(first))
+        again = store.write_sync(lambda tx: value(tx, pid))
+        assert pings == [*first, *first]  # its ping failed: the job ran on a new one
+        assert again not in first

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from psycopg_pool import ConnectionPool
 from support.postgres import Database, postgres, postgres_server  # noqa: F401
 from support.ticket import write_ticket_config
 from test_deliver_cost import AT, Rig, message
@@ -27,6 +26,7 @@ from test_deliver_cost import AT, Rig, message
 from masd.core.address import parse_address
 from masd.core.event import build_event
 from masd.service import Delivered, deliver
+from masd.store import pg_backend
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_backend import PgStore
 from masd.store.sql import tuples
@@ -54,13 +54,13 @@ def test_a_delivered_mail_costs_a_bounded_number_of_round_trips(
 ) -> None:
     store, proxy = counted
     pings = [0]
-    ping = ConnectionPool.check_connection
+    ping = pg_backend.ping
 
-    def counted_ping(conn: Any) -> None:
+    def counted_ping(conn: Any, wait: Any) -> None:
         pings[0] += 1
-        ping(conn)
+        ping(conn, wait)
 
-    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted_ping))
+    monkeypatch.setattr(pg_backend, "ping", counted_ping)
     config = write_ticket_config(tmp_path, ticket="acknowledge = true")
     rig = Rig(config)
     for n in range(2):  # connections opened, the bounce secret made and then kept
@@ -72,7 +72,7 @@ def test_a_delivered_mail_costs_a_bounded_number_of_round_trips(
         starting = proxy.starting  # a connection still authenticating trips on its own
         _, key = rig.deliver(store, message(message_id=f"<m-{n}@example.com>"))
         if starting or (proxy.connections, pings[0]) != before[1:]:
-            left_out += 1  # the pools' housekeeping rode along: not the job's trips
+            left_out += 1  # the connections' housekeeping rode along: not the job's trips
             continue
         costs.append(proxy.round_trips - before[0])
         if len(costs) == COUNTED:

@@ -127,10 +127,8 @@ _PG_UNAVAILABLE: Final = (
     "XX",  # internal error, data corrupted
 )
 _PG_CONFLICT: Final = frozenset({"40001", "40P01"})  # serialization failure, deadlock
-#: Driver and pool errors without a SQLSTATE that mean no connection to the server.
-_PG_LOST: Final = frozenset(
-    {"OperationalError", "InterfaceError", "PoolTimeout", "PoolClosed", "TooManyRequests"}
-)
+#: Driver errors without a SQLSTATE that mean no connection to the server.
+_PG_LOST: Final = frozenset({"OperationalError", "InterfaceError"})
 
 
 def _pg_fault(exc: BaseException) -> Fault | None:
@@ -141,19 +139,10 @@ def _pg_fault(exc: BaseException) -> Fault | None:
         if state in _PG_CONFLICT:
             return Fault.CONFLICT
         return Fault.UNAVAILABLE if state.startswith(_PG_UNAVAILABLE) else None
-    # No SQLSTATE: the driver lost or never had a connection, or its pool has
-    # none to give; a job's own errors always carry one.
-    module = type(exc).__module__
-    if module.startswith(("psycopg", "psycopg_pool")):
-        name = type(exc).__name__
-        if name in {
-            "OperationalError",
-            "InterfaceError",
-            "PoolTimeout",
-            "PoolClosed",
-            "TooManyRequests",
-        }:
-            return Fault.UNAVAILABLE
+    # No SQLSTATE: the driver lost or never had a connection (none free in time,
+    # masd.store.pg_conns); a job's own errors always carry one.
+    if type(exc).__module__.startswith("psycopg") and type(exc).__name__ in _PG_LOST:
+        return Fault.UNAVAILABLE
     return None
 
 

@@ -4,9 +4,10 @@ On PostgreSQL a job that loses a race with another host is rolled back and run
 again (:mod:`masd.store.pg_backend`), so whatever it does outside its transaction
 would happen once per run.  The service's jobs have one such effect: the lines they
 log (``status recorded``, ``intake pending`` ...).  :data:`HOLD` is a filter on the
-``masd`` logger, the one those jobs log to: while a thread runs an attempt under
-:func:`held`, each record is kept instead of emitted; :func:`release` emits the
-records of the run that committed, and those of the runs rolled back are dropped.
+``masd`` logger, the one those jobs log to: while an attempt runs under
+:func:`held` (in its thread, or in its own context as a job of the event loop),
+each record is kept instead of emitted; :func:`release` emits the records of the run
+that committed, and those of the runs rolled back are dropped.
 Everything else a job produces (its wakes, the statuses it recorded) is its return
 value, which the caller sees only from the run that committed.
 """
@@ -15,16 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Final
 
-_held = threading.local()
+#: The records being held, in the context of the job that logs them: a thread's, or a
+#: job's of the event loop (masd.store.pg_loop runs each in a context of its own).
+_held: ContextVar[list[logging.LogRecord] | None] = ContextVar("masd_held_logs", default=None)
 
 
 class _Hold(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        records: list[logging.LogRecord] | None = getattr(_held, "records", None)
+        records = _held.get()
         if records is None:
             return True
         records.append(record)
@@ -44,13 +47,13 @@ def install() -> None:
 
 @contextlib.contextmanager
 def held() -> Iterator[list[logging.LogRecord]]:
-    """This thread's records to the job logger, kept in the list given, not emitted."""
+    """This context's records to the job logger, kept in the list given, not emitted."""
     records: list[logging.LogRecord] = []
-    _held.records = records
+    token = _held.set(records)
     try:
         yield records
     finally:
-        _held.records = None
+        _held.reset(token)
 
 
 def release(records: list[logging.LogRecord]) -> None:

@@ -1,4 +1,4 @@
-"""The PostgreSQL store: several masd hosts on one database (psycopg 3, psycopg_pool).
+"""The PostgreSQL store: several masd hosts on one database (psycopg 3, greenlet).
 
 :class:`PgStore` answers what :class:`masd.store.Store` answers (``write``,
 ``read``, their ``_sync`` forms, ``check``, ``health``, ``stats``,
@@ -9,7 +9,7 @@ whose ``execute`` takes the store's ``?`` text (numbered once per statement text
 Writes.  SQLite has one writer, so its group commit makes every job see the
 jobs before it.  Here any host may write at any time, and each host runs
 :data:`WRITERS` write jobs at once, each one transaction of its own on a
-pooled connection at ``READ COMMITTED``: no lock spans the store, and jobs on
+connection of its own at ``READ COMMITTED``: no lock spans the store, and jobs on
 different cases commit side by side, on one host and across hosts.  What
 keeps them apart is each job's own rows:
 
@@ -71,8 +71,18 @@ without a cursor per statement): a statement whose result the job does not
 read (:func:`masd.store.sql.send`) goes out with the next one it reads,
 ``BEGIN`` with the first and ``COMMIT`` with the last; each statement text is
 prepared once per connection, its ``Parse`` sent with its first run, and a
-pooled connection is pinged only after :data:`CHECK_IDLE_SECONDS` idle (one
-found lost before its ``COMMIT`` was sent runs the job again on another).
+connection is pinged only after :data:`CHECK_IDLE_SECONDS` idle (one found lost
+before its ``COMMIT`` was sent runs the job again on another).
+
+Where jobs run.  A job runs on the event loop's thread, as a job of
+:mod:`masd.store.pg_loop`: where it waits for the server's answer it suspends,
+and the loop serves the other sessions and jobs meanwhile, so that a host
+runs its jobs side by side with no thread per job (no thread switch at its
+start and end, no thread woken at each answer).  Its connection is lent by
+:mod:`masd.store.pg_conns` (:data:`WRITERS` for writes, :data:`POOL_SIZE`
+for reads).  A job, once begun, runs to its commit or rollback even if its
+caller stops waiting.  The ``_sync`` forms, for plain threads (the command
+line), run the same job on an event loop of their own.
 
 Reads run ``READ ONLY`` at ``REPEATABLE READ``: one snapshot per call, never
 waiting for the writers.
@@ -81,8 +91,9 @@ Faults.  :meth:`Dialect.classify` tells the server's faults (connection
 refused or lost, admin shutdown, a read-only standby, disk full) from the
 job's own errors; the first make the store unwritable
 (:mod:`masd.store.health`) and every caller gets :class:`StoreError`
-(``451 4.3.0``, ``503``) until a write commits again.  The pool reconnects by
-itself; :meth:`check` probes with a write of its own.
+(``451 4.3.0``, ``503``) until a write commits again.  A connection lost is
+closed, and the next job that needs one opens a new one; :meth:`check` probes
+with a write of its own.
 """
 
 from __future__ import annotations
@@ -98,18 +109,18 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 import psycopg
-from psycopg_pool import ConnectionPool
 
 from masd.store import deferred_logs
 from masd.store.backend import POSTGRESQL, POSTGRESQL_READ, Cursor, Fault
 from masd.store.files import StoreError
 from masd.store.health import HEALTH_SECONDS, PROBE_SECONDS, HealthWatch, StoreHealth
-from masd.store.pg_pipeline import Result, Transaction
+from masd.store.pg_conns import Connections
+from masd.store.pg_loop import spawn, wait_socket
+from masd.store.pg_pipeline import Result, Transaction, ping
 from masd.store.readers import in_event_loop
 from masd.store.sql import Tx
 from masd.store.uri import shown_uri
@@ -130,15 +141,14 @@ POOL_SIZE: Final = 8
 WRITERS: Final = 16
 #: An outbox row a host took is another's to take after this long (``server.claim_timeout``).
 CLAIM_TIMEOUT: Final = 30.0
-#: Seconds a caller waits for a pooled connection before the store counts as unavailable:
+#: Seconds a job waits for a free connection before the store counts as unavailable:
 #: with the database down, a delivery is answered ``451`` within about this long.
 CONNECT_TIMEOUT: Final = 3.0
-#: A pooled connection idle longer than this is pinged before a job gets it.
+#: A connection idle longer than this is pinged before a job gets it.
 CHECK_IDLE_SECONDS: Final = 2.0
 #: libpq's own limit on opening a connection (seconds; libpq takes 2 at least).
 LIBPQ_CONNECT_TIMEOUT: Final = 2
 
-_USED: Final = "_masd_used"  # when a pooled connection last ended a job (monotonic)
 _PROBE: Final = "SELECT pg_current_xact_id()"  # takes a transaction id: fails where nothing commits
 _UNIQUE: Final = "23505"
 _BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
@@ -222,16 +232,17 @@ class PgStore:
             "autocommit": True,
             "connect_timeout": LIBPQ_CONNECT_TIMEOUT,
             # The jobs' statements are prepared by masd.store.pg_pipeline; psycopg's own
-            # cursors (pings, migrations) would prepare theirs in a round trip of their own.
+            # cursors (migrations) would prepare theirs in a round trip of their own.
             "prepare_threshold": None,
         }
         if password is not None:
             kwargs["password"] = password
-        self._pool = self._open_pool(uri, kwargs, size, read=True)
-        self._write_pool = self._open_pool(uri, kwargs, WRITERS, read=False)
-        self._workers = ThreadPoolExecutor(max_workers=size, thread_name_prefix="masd-pg")
-        #: Write jobs run side by side, each in its own transaction (module docstring).
-        self._writer = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="masd-pg-write")
+
+        def opener() -> psycopg.Connection[Any]:
+            return psycopg.Connection.connect(uri, **kwargs)
+
+        self._reads = Connections(opener, size, timeout=CONNECT_TIMEOUT, label=self._label)
+        self._writes = Connections(opener, WRITERS, timeout=CONNECT_TIMEOUT, label=self._label)
         #: Write jobs submitted together may run in any order (:data:`WRITERS` at once).
         self.concurrent_writes = True
         self._cache: dict[str, object] = {}
@@ -241,33 +252,6 @@ class PgStore:
         self._lock = threading.Lock()
         self.conflicts = 0  # runs rolled back by a race with another writer
         deferred_logs.install()
-
-    @staticmethod
-    def _open_pool(uri: str, kwargs: dict[str, Any], size: int, *, read: bool) -> ConnectionPool:
-        """A pool of autocommit connections: each job's ``BEGIN`` says how it runs, a read
-        at ``REPEATABLE READ, READ ONLY``, a write at ``READ COMMITTED`` (``_transaction``)."""
-
-        def check(conn: psycopg.Connection[Any]) -> None:
-            # A ping is a round trip: only for a connection idle long enough to have been
-            # dropped (a server restarted, a firewall's idle timeout), or never used.
-            if time.monotonic() - getattr(conn, _USED, 0.0) > CHECK_IDLE_SECONDS:
-                ConnectionPool.check_connection(conn)
-
-        pool = ConnectionPool(
-            uri,
-            kwargs=kwargs,
-            min_size=1,
-            max_size=size,
-            timeout=CONNECT_TIMEOUT,
-            open=False,
-            check=check,
-            # No reset callback: with one, the pool hands every returned connection to a
-            # worker thread of its own (a thread switch per job, and the connection out of
-            # reach meanwhile); _transaction stamps its last use instead.
-            name="masd-read" if read else "masd-write",
-        )
-        pool.open(wait=False)
-        return pool
 
     @classmethod
     def open(
@@ -326,40 +310,59 @@ class PgStore:
                 largest_batch=1,
             )
 
-    def _attempt(self, fn: Callable[[Tx], T], *, read: bool, rerun: bool) -> T:
-        """One run of ``fn`` (``rerun``: after one rolled back); its log lines are emitted
-        once it committed (:mod:`masd.store.deferred_logs`: a run rolled back leaves none)."""
-        with deferred_logs.held() as records:
-            value = self._transaction(fn, read=read, rerun=rerun)
-        deferred_logs.release(records)
-        return value
-
-    def _transaction(self, fn: Callable[[Tx], T], *, read: bool, rerun: bool) -> T:
-        pool = self._pool if read else self._write_pool
-        ran = False  # the job ran to its end: COMMIT is sent as the block ends
-        conn: psycopg.Connection[Any] | None = None
+    async def _attempt(self, fn: Callable[[Tx], T], *, read: bool, rerun: bool) -> T:
+        """One run of ``fn`` (``rerun``: after one rolled back) on a connection of its own, as
+        a job of the event loop (:mod:`masd.store.pg_loop`)."""
+        conns = self._reads if read else self._writes
+        conn = await self._connection(conns)
         try:
-            with pool.connection() as conn:
-                # BEGIN and COMMIT as statements of the pipeline (an error of a statement
-                # whose result was not read is raised at the next read or at COMMIT): a
-                # transaction block would wait for the server at both ends.  Leaving the
-                # block on an exception rolls back.
-                lease = (self.host, self.claim_seconds, time.monotonic())
-                try:
-                    with Transaction(conn, _BEGIN_READ if read else _BEGIN) as pipe:
-                        tx = PgTx(pipe, read=read, cache=self._cache, rerun=rerun, lease=lease)
-                        value = self._checked(fn(tx))
-                        ran = True
-                        pipe.commit()
-                finally:
-                    setattr(conn, _USED, time.monotonic())
-                return value
+            return await spawn(self._transaction, conn, fn, read, rerun)
+        finally:
+            conns.put(conn)
+
+    @staticmethod
+    async def _connection(conns: Connections) -> psycopg.Connection[Any]:
+        """A connection to run a job on; one idle long enough to have been dropped (a server
+        restarted, a firewall's idle timeout) is pinged first, and closed if it fails."""
+        while True:
+            conn, idle = await conns.get()
+            if idle <= CHECK_IDLE_SECONDS:
+                return conn
+            try:
+                await spawn(ping, conn, wait_socket)
+            except psycopg.Error:
+                conns.put(conn)  # broken: closed, and its place freed
+                continue
+            return conn
+
+    def _transaction(
+        self, conn: psycopg.Connection[Any], fn: Callable[[Tx], T], read: bool, rerun: bool
+    ) -> T:
+        """``fn`` in one transaction on ``conn``; its log lines are emitted once it committed
+        (:mod:`masd.store.deferred_logs`: a run rolled back leaves none)."""
+        ran = False  # the job ran to its end: COMMIT is sent as the block ends
+        lease = (self.host, self.claim_seconds, time.monotonic())
+        try:
+            # BEGIN and COMMIT as statements of the pipeline (an error of a statement whose
+            # result was not read is raised at the next read or at COMMIT): a transaction
+            # block would wait for the server at both ends.  Leaving the block on an
+            # exception rolls back.
+            with (
+                deferred_logs.held() as records,
+                Transaction(conn, _BEGIN_READ if read else _BEGIN, wait_socket) as pipe,
+            ):
+                tx = PgTx(pipe, read=read, cache=self._cache, rerun=rerun, lease=lease)
+                value = self._checked(fn(tx))
+                ran = True
+                pipe.commit()
         except psycopg.OperationalError as exc:
             # A connection that was lost before its COMMIT was sent committed nothing: the
-            # job is run again on another (the pool pings only connections long idle).
-            if not ran and conn is not None and conn.broken:
+            # job is run again on another (idle connections are pinged only after a while).
+            if not ran and conn.broken:
                 raise _Lost(str(exc)) from exc
             raise
+        deferred_logs.release(records)
+        return value
 
     @staticmethod
     def _checked(value: T) -> T:
@@ -369,13 +372,13 @@ class PgStore:
             )
         return value
 
-    def _run(self, fn: Callable[[Tx], T], *, read: bool = False) -> T:
+    async def _run(self, fn: Callable[[Tx], T], *, read: bool = False) -> T:
         """Run ``fn`` in a transaction of its own; again after a conflict (module docstring)."""
         what = "read" if read else "write"
         lost = 0
         for attempt in range(CONFLICT_RETRIES + 1):
             try:
-                value = self._attempt(fn, read=read, rerun=attempt > 0)
+                value = await self._attempt(fn, read=read, rerun=attempt > 0)
             except _Lost as exc:
                 lost += 1
                 if lost <= 1:
@@ -392,54 +395,62 @@ class PgStore:
                 if fault is Fault.CONFLICT and attempt < CONFLICT_RETRIES:
                     with self._lock:
                         self.conflicts += 1
-                    time.sleep(random.uniform(0, 0.002 * 2**attempt))
+                    await asyncio.sleep(random.uniform(0, 0.002 * 2**attempt))
                     continue
-                if not read:
-                    self._count(failed=True)
-                if fault is Fault.UNAVAILABLE:
-                    if not read:
-                        self._health.transaction(_reason(exc))
-                    raise StoreError(f"store {self._label}: {what} failed: {_reason(exc)}") from exc
-                if fault is Fault.CONFLICT:
-                    raise StoreError(
-                        f"store {self._label}: {what} lost {CONFLICT_RETRIES + 1} races with "
-                        f"other writers: {_reason(exc)}"
-                    ) from exc
-                if isinstance(exc, psycopg.Error):
-                    raise StoreError(f"store job failed: {_reason(exc)}") from exc
-                raise
+                failure = self._failure(exc, fault, read=read)
+                if failure is exc:
+                    raise  # the job's own error, as it raised it
+                raise failure from exc
             if not read:
                 self._count(failed=False)
                 self._health.transaction(None)
             return value
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _submit(self, fn: Callable[[Tx], T], *, read: bool) -> Any:
+    def _failure(self, exc: Exception, fault: Fault | None, *, read: bool) -> Exception:
+        """What the caller of a job that failed for good gets raised: ``exc`` itself where
+        it is the job's own error."""
+        what = "read" if read else "write"
+        if not read:
+            self._count(failed=True)
+        if fault is Fault.UNAVAILABLE:
+            if not read:
+                self._health.transaction(_reason(exc))
+            return StoreError(f"store {self._label}: {what} failed: {_reason(exc)}")
+        if fault is Fault.CONFLICT:
+            return StoreError(
+                f"store {self._label}: {what} lost {CONFLICT_RETRIES + 1} races with "
+                f"other writers: {_reason(exc)}"
+            )
+        if isinstance(exc, psycopg.Error):
+            return StoreError(f"store job failed: {_reason(exc)}")
+        return exc
+
+    async def _job(self, fn: Callable[[Tx], T], *, read: bool) -> T:
+        """``fn`` run to its end even if its caller stops waiting (a job, once begun, commits
+        or rolls back as it would have; so did a job on a thread of its own)."""
         if self._closed:
             raise StoreError(f"store {self._label} is closed")
-        runner = self._workers if read else self._writer
-        return runner.submit(self._run, fn, read=read)
+        return await asyncio.shield(asyncio.ensure_future(self._run(fn, read=read)))
 
     async def write(self, fn: Callable[[Tx], T]) -> T:
         """Run ``fn`` in a transaction of its own; its result once committed."""
-        result: T = await asyncio.wrap_future(self._submit(fn, read=False))
-        return result
+        return await self._job(fn, read=False)
 
     def write_sync(self, fn: Callable[[Tx], T]) -> T:
+        """:meth:`write` for a plain thread (its own event loop for the call)."""
         if in_event_loop():
             raise StoreError("write_sync called on a running event loop; use await write()")
-        result: T = self._submit(fn, read=False).result()
-        return result
+        return asyncio.run(self._job(fn, read=False))
 
     async def read(self, fn: Callable[[Tx], T]) -> T:
-        result: T = await asyncio.wrap_future(self._submit(fn, read=True))
-        return result
+        return await self._job(fn, read=True)
 
     def read_sync(self, fn: Callable[[Tx], T]) -> T:
+        """:meth:`read` for a plain thread (its own event loop for the call)."""
         if in_event_loop():
             raise StoreError("read_sync called on a running event loop; use await read()")
-        result: T = self._submit(fn, read=True).result()
-        return result
+        return asyncio.run(self._job(fn, read=True))
 
     async def check(self, max_age: float = HEALTH_SECONDS) -> StoreHealth:
         """Can the store commit?  The last verdict while recent, else a probe write."""
@@ -457,10 +468,8 @@ class PgStore:
         if self._closed:
             return
         self._closed = True
-        self._writer.shutdown(wait=True)
-        self._workers.shutdown(wait=True)
-        self._pool.close()
-        self._write_pool.close()
+        self._reads.close()
+        self._writes.close()
 
     def __enter__(self) -> PgStore:
         return self

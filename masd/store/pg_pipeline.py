@@ -51,7 +51,7 @@ import contextlib
 import itertools
 import select
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final
 
 import psycopg
@@ -70,6 +70,8 @@ MAX_PREPARED: Final = 100
 #: What the server says of a statement it no longer has as it was prepared.
 _STALE: Final = frozenset({"26000", "0A000"})
 
+#: Waits until a socket (its descriptor) is ready for the ``select.POLL*`` events given.
+Wait = Callable[[int, int], None]
 _Key = tuple[bytes, tuple[int, ...]]  # a statement's text and its parameters' types
 _epoch = 0  # raised when any connection found its statements stale (module docstring)
 
@@ -169,7 +171,7 @@ class Transaction:
     is idle again (or broken) when the block ends.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any], begin: str) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], begin: str, wait: Wait | None = None) -> None:
         self._conn = conn
         self._pg = conn.pgconn
         self.encoding = conn.info.encoding
@@ -178,7 +180,9 @@ class Transaction:
         #: One entry per statement sent and not yet answered, in order.
         self._queue: deque[Result | _Prepare | None] = deque()
         self._syncs = 0  # Syncs sent and not yet answered
-        self._poll = select.poll()
+        #: How the job waits for the socket: blocking its thread, or as a job of the event
+        #: loop (masd.store.pg_loop.wait_socket).
+        self._wait = wait or _poll
         self._savepoints = 0
         self._begin = begin
         self._committed = False
@@ -261,6 +265,11 @@ class Transaction:
         self.sync()
         self._committed = True
 
+    def ended(self) -> None:
+        """What was sent opened no transaction (a ping): leave without a ``ROLLBACK``."""
+        self.sync()
+        self._committed = True
+
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
         """An exception leaving the block undoes what it sent, alone; the block's own
@@ -329,7 +338,7 @@ class Transaction:
         pg = self._pg
         while True:
             while pg.is_busy():
-                self._wait(select.POLLIN)
+                self._wait(pg.socket, select.POLLIN)
                 pg.consume_input()
             res = pg.get_result()
             if res is not None:
@@ -339,16 +348,8 @@ class Transaction:
 
     def _flush(self) -> None:
         while self._pg.flush():
-            self._wait(select.POLLIN | select.POLLOUT)
+            self._wait(self._pg.socket, select.POLLIN | select.POLLOUT)
             self._pg.consume_input()  # the server may answer before it reads it all
-
-    def _wait(self, events: int) -> None:
-        fd = self._pg.socket
-        self._poll.register(fd, events)
-        try:
-            self._poll.poll()
-        finally:
-            self._poll.unregister(fd)
 
     def load(self, res: pq.abc.PGresult) -> list[tuple[Any, ...]]:
         """``res``'s rows as tuples of Python values, loaded as psycopg loads them."""
@@ -360,3 +361,15 @@ class Transaction:
             return tx.load_rows(0, res.ntuples, tuple)
         finally:
             tx.set_pgresult(None)
+
+
+def _poll(fd: int, events: int) -> None:
+    poll = select.poll()
+    poll.register(fd, events)
+    poll.poll()
+
+
+def ping(conn: psycopg.Connection[Any], wait: Wait | None = None) -> None:
+    """One empty statement and its answer: raises if ``conn`` no longer reaches the server."""
+    with Transaction(conn, "", wait) as pipe:
+        pipe.ended()
