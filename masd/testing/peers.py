@@ -223,6 +223,21 @@ class _SinkHandler:
     def __init__(self, sink: SmtpSink) -> None:
         self._sink = sink
 
+    async def handle_EHLO(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        hostname: str,
+        responses: list[str],
+    ) -> list[str]:
+        # aiosmtpd reads a session's commands one after another from its stream, so it takes
+        # pipelined ones as they come (RFC 2920); it does not say so by itself.
+        session.host_name = hostname
+        if self._sink.pipelining:
+            responses.insert(-1, "250-PIPELINING")
+        return responses
+
     async def handle_RCPT(
         self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
     ) -> str:
@@ -255,7 +270,8 @@ class SmtpSink(_Loopback):
     ``reply`` (a 4xx or 5xx line) at DATA or RCPT; ``set_down(True)`` drops
     the open sessions and stops listening so connections are refused,
     ``set_down(False)`` listens again on the same port.  ``on_mail`` (if
-    given) sees each accepted message before the sink answers 250.
+    given) sees each accepted message before the sink answers 250.  It offers
+    ``PIPELINING`` unless ``pipelining=False``.
     """
 
     def __init__(
@@ -263,8 +279,10 @@ class SmtpSink(_Loopback):
         *,
         hostname: str = "sink.test",
         on_mail: Callable[[ReceivedMail], None] | None = None,
+        pipelining: bool = True,
     ) -> None:
         self.hostname = hostname
+        self.pipelining = pipelining
         self._on_mail = on_mail
         self.refused: list[ReceivedMail] = []
         super().__init__("SmtpSink messages")
