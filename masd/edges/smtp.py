@@ -209,9 +209,12 @@ class SmtpTransport:
             # have the end of the data yet never delivers the mail.
             session.close()
             raise
+        result = classify(reply.code, _text(reply.text))
+        if not result.ok:
+            return await self._reset(session, result)
         session.used = time.monotonic()
         self._idle.append(session)
-        return classify(reply.code, _text(reply.text))
+        return result
 
     async def _probe(self, session: _Session) -> None:
         """RSET on a session idle a while: one the relay dropped raises :class:`_Dropped`."""
