@@ -1281,8 +1281,8 @@ def _smtp_tables(r: Report) -> list[str]:
             "16 sends in flight (the outbox sends many at once). `smtplib-per-mail`: a worker "
             "thread and a new connection per message, as masd sent before; `smtplib-pool`: "
             "worker threads each keeping one connection; `aiosmtplib-pool`: connections kept on "
-            "the event loop; `masd`: masd's `SmtpTransport` (aiosmtplib, kept sessions). CPU: "
-            "the client process, per message.",
+            "the event loop; `masd`: masd's `SmtpTransport` (its own client, kept sessions, "
+            "pipelined). CPU: the client process, per message.",
             "",
         ]
         lines += _table(
