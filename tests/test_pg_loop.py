@@ -180,6 +180,28 @@ def test_connections_are_lent_up_to_the_limit_then_waited_for(opener: Any) -> No
     assert all(c.closed for c in opener.opened)
 
 
+def test_a_connection_opened_for_a_borrower_that_gave_up_is_closed(opener: Any) -> None:
+    conns = Connections(opener, 1, timeout=5, label="test")
+
+    async def main() -> None:
+        borrowing = asyncio.ensure_future(conns.get())
+        await asyncio.sleep(0)  # the opening has begun on the executor
+        borrowing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await borrowing
+        for _ in range(200):
+            if opener.opened and all(c.closed for c in opener.opened):
+                break
+            await asyncio.sleep(0.01)
+        assert len(opener.opened) == 1
+        assert opener.opened[0].closed
+        conn, _ = await conns.get()  # its place is free again
+        conns.put(conn)
+
+    asyncio.run(main())
+    conns.close()
+
+
 def test_a_connection_given_back_broken_is_closed_and_its_place_reopened(opener: Any) -> None:
     conns = Connections(opener, 1, timeout=5, label="test")
 

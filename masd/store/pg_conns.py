@@ -72,9 +72,13 @@ class Connections:
                 ) from None
             if given is not None:
                 return given, 0.0
+        opening = loop.run_in_executor(None, self._opener)
         try:
-            return await loop.run_in_executor(None, self._opener), 0.0
+            return await asyncio.shield(opening), 0.0
         except BaseException:
+            # A borrower that stops waiting (its loop ending) leaves the connection to be
+            # closed once it is open, not dropped open.
+            opening.add_done_callback(_close_opened)
             self._lost()
             raise
 
@@ -136,6 +140,11 @@ class Connections:
             loop = waiter.get_loop()
             if not loop.is_closed():
                 loop.call_soon_threadsafe(_refuse, waiter, closed)
+
+
+def _close_opened(opening: asyncio.Future[psycopg.Connection[Any]]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 def _refuse(waiter: asyncio.Future[Any], exc: BaseException) -> None:
