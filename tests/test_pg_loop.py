@@ -202,13 +202,22 @@ def test_a_connection_opened_for_a_borrower_that_gave_up_is_closed(opener: Any) 
     conns.close()
 
 
+async def _lent_and_waited_for(
+    conns: Connections,
+) -> tuple[psycopg.Connection[Any], asyncio.Future[tuple[psycopg.Connection[Any], float]]]:
+    """The one connection of ``conns`` lent, and a second borrower waiting for it."""
+    conn, _ = await conns.get()
+    waiting = asyncio.ensure_future(conns.get())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    return conn, waiting
+
+
 def test_a_connection_given_back_broken_is_closed_and_its_place_reopened(opener: Any) -> None:
     conns = Connections(opener, 1, timeout=5, label="test")
 
     async def main() -> None:
-        conn, _ = await conns.get()
-        waiting = asyncio.ensure_future(conns.get())
-        await asyncio.sleep(0.01)
+        conn, waiting = await _lent_and_waited_for(conns)
         conn.pgconn.enter_pipeline_mode()  # not idle on the server: not kept
         conns.put(conn)
         fresh, _ = await waiting
@@ -225,9 +234,7 @@ def test_a_connection_given_back_on_another_thread_reaches_a_waiter(opener: Any)
     conns = Connections(opener, 1, timeout=5, label="test")
 
     async def main() -> None:
-        conn, _ = await conns.get()
-        waiting = asyncio.ensure_future(conns.get())
-        await asyncio.sleep(0.01)
+        conn, waiting = await _lent_and_waited_for(conns)
         threading.Thread(target=conns.put, args=(conn,)).start()
         assert (await waiting)[0] is conn
         conns.put(conn)

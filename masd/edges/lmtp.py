@@ -23,7 +23,7 @@ import math
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
@@ -139,14 +139,8 @@ class LmtpHandler:
         hostname: str,
         responses: list[str],
     ) -> list[str]:
-        # LHLO goes through aiosmtpd's EHLO; a hook must record the client's name.
-        session.host_name = hostname
-        keywords = [r[4:] for r in responses[1:] if r[4:] != "HELP"]
-        for wanted in ("PIPELINING", "ENHANCEDSTATUSCODES"):
-            if wanted not in keywords:
-                keywords.insert(0, wanted)
-        lines = [responses[0][4:], *keywords]
-        return [f"250-{x}" for x in lines[:-1]] + [f"250 {lines[-1]}"]
+        # LHLO goes through aiosmtpd's EHLO.
+        return ehlo_offering(session, hostname, responses, ("PIPELINING", "ENHANCEDSTATUSCODES"))
 
     async def handle_MAIL(
         self,
@@ -353,6 +347,20 @@ class LmtpHandler:
     async def close(self) -> None:
         """After the last recording: end the bounce reader's process."""
         await self.bounces.close()
+
+
+def ehlo_offering(
+    session: Session, hostname: str, responses: list[str], wanted: Iterable[str]
+) -> list[str]:
+    """aiosmtpd's EHLO ``responses`` with the ``wanted`` keywords offered too (and its
+    ``HELP`` left out); as an EHLO hook must, it records the client's name."""
+    session.host_name = hostname
+    keywords = [r[4:] for r in responses[1:] if r[4:] != "HELP"]
+    for keyword in wanted:
+        if keyword not in keywords:
+            keywords.insert(0, keyword)
+    lines = [responses[0][4:], *keywords]
+    return [f"250-{x}" for x in lines[:-1]] + [f"250 {lines[-1]}"]
 
 
 def new_message_ref(now: float) -> str:

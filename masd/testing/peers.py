@@ -39,6 +39,7 @@ from aiohttp import web
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from masd.config import TcpListen
+from masd.edges.lmtp import ehlo_offering
 from masd.testing.net import free_port
 
 #: An HTTP answer: status code and body (JSON-encoded unless ``bytes`` or ``str``).
@@ -233,10 +234,8 @@ class _SinkHandler:
     ) -> list[str]:
         # aiosmtpd reads a session's commands one after another from its stream, so it takes
         # pipelined ones as they come (RFC 2920); it does not say so by itself.
-        session.host_name = hostname
-        if self._sink.pipelining:
-            responses.insert(-1, "250-PIPELINING")
-        return responses
+        wanted = ("PIPELINING",) if self._sink.pipelining else ()
+        return ehlo_offering(session, hostname, responses, wanted)
 
     async def handle_RCPT(
         self, server: SMTP, session: Session, envelope: Envelope, address: str, options: list[str]
