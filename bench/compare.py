@@ -1,6 +1,7 @@
 """The working tree beside an older commit, on the same load, alternated: CPU per mail and rate.
 
     python -m bench.compare REV [--count N] [--sessions N] [--rounds N] [--paths intake,ack]
+                                [--pipelined]
     make bench-compare REV=0679ee1
 
 REV is taken out of git (``git archive``) into the work directory and run with
@@ -17,6 +18,10 @@ Paths:
 - ``intake``: unauthenticated mail to ``ticket@D`` (a case opened, no mail out);
 - ``ack``: authenticated mail, each case's acknowledgement sent to a mail sink
   on loopback (the CPU counted until the last acknowledgement arrived).
+
+``--pipelined``: the LMTP client writes ``MAIL``, ``RCPT`` and ``DATA`` together and
+then reads their replies, as Postfix's LMTP client does with a server that offers
+``PIPELINING``; without it, one command at a time (the figures before 2026-12-04).
 
 ``--profile DIR`` records each measured pass with py-spy (the same sampling
 as ``make bench``'s profiles) so the two builds' profiles of one load can be
@@ -121,11 +126,21 @@ def _stored_at_least(database: Path, n: int, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def _pass(port: int, sessions: int, count: int, tag: str, authenticated: bool) -> float:
+def _pass(
+    port: int, sessions: int, count: int, tag: str, authenticated: bool, pipelined: bool
+) -> float:
     rcpt = f"ticket@{masd.DOMAIN}"
     began = time.perf_counter()
     lat = asyncio.run(
-        latency_run(port, sessions, count, lambda _: rcpt, tag=tag, authenticated=authenticated)
+        latency_run(
+            port,
+            sessions,
+            count,
+            lambda _: rcpt,
+            tag=tag,
+            authenticated=authenticated,
+            pipelined=pipelined,
+        )
     )
     if lat.accepted != lat.sent:
         raise BenchError(f"{lat.sent - lat.accepted} of {lat.sent} not accepted: {lat.replies}")
@@ -167,17 +182,19 @@ def measure(
     sessions: int,
     round_: int,
     profile: Path | None = None,
+    pipelined: bool = False,
 ) -> Point:
     """One build on one path: a fresh store, a warm-up, then the measured pass."""
     with peers(path, work) as (setup, relay):
         server, _ = masd.start(setup, work / "masd.log", build=build)
         try:
             authenticated = path == "ack"
-            _pass(setup.lmtp_port, sessions, WARM_UP, f"warm-{round_}", authenticated)
+            _pass(setup.lmtp_port, sessions, WARM_UP, f"warm-{round_}", authenticated, pipelined)
             landed(setup, relay, WARM_UP)
             cpu, system, switched = server.cpu(), server.system(), server.switches()
             with Profiler(profile, f"{path}-{_slug(build)}-r{round_}", server.pid):
-                seconds = _pass(setup.lmtp_port, sessions, count, f"run-{round_}", authenticated)
+                tag = f"run-{round_}"
+                seconds = _pass(setup.lmtp_port, sessions, count, tag, authenticated, pipelined)
                 landed(setup, relay, WARM_UP + count)
             cpu, system = server.cpu() - cpu, server.system() - system
             switched = server.switches() - switched
@@ -214,6 +231,7 @@ def run(
     workdir: Path,
     profile: Path | None = None,
     out: Callable[[str], None] = say,
+    pipelined: bool = False,
 ) -> list[Point]:
     points: list[Point] = []
     for round_ in range(1, rounds + 1):
@@ -229,6 +247,7 @@ def run(
                     sessions=sessions,
                     round_=round_,
                     profile=profile,
+                    pipelined=pipelined,
                 )
                 points.append(p)
                 out(
@@ -273,6 +292,11 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--paths", default=",".join(PATHS), help="intake,ack (default both)")
     ap.add_argument("--workdir", type=Path, help="default: a new directory in /var/tmp")
     ap.add_argument(
+        "--pipelined",
+        action="store_true",
+        help="the LMTP client writes MAIL, RCPT and DATA together, as Postfix's does",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -305,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rounds=args.rounds,
             workdir=workdir / f"run-{int(time.time())}",
             profile=args.profile,
+            pipelined=args.pipelined,
         )
     except BenchError as exc:
         say(f"bench.compare: {exc}")

@@ -181,6 +181,52 @@ def test_single_intake_is_recorded_as_a_new_case(tmp_path: Path) -> None:
     run(tmp_path, body)
 
 
+def test_replies_to_pipelined_commands_go_out_in_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that writes MAIL, RCPT and DATA together (Postfix's LMTP client does, RFC
+    2920) gets their three replies in one write; one that waits for each reply gets it."""
+    written: list[tuple[int, bytes]] = []
+    write = asyncio.StreamWriter.write
+
+    def counted(self: asyncio.StreamWriter, data: bytes) -> None:  # type: ignore[override]
+        written.append((id(self), bytes(data)))
+        write(self, data)
+
+    monkeypatch.setattr(asyncio.StreamWriter, "write", counted)
+
+    async def body(rig: Rig) -> None:
+        assert isinstance(rig.target, tuple)
+        reader, writer = await asyncio.open_connection(*rig.target)
+
+        async def replies(n: int) -> list[bytes]:
+            got: list[bytes] = []
+            while len(got) < n:
+                line = await asyncio.wait_for(reader.readline(), 10)
+                if line[3:4] != b"-":
+                    got.append(line[:3])
+            return got
+
+        await replies(1)
+        writer.write(b"LHLO mx.help.example\r\n")
+        await replies(1)
+        del written[:]
+        envelope = b"MAIL FROM:<alice@example.org>\r\nRCPT TO:<ticket@help.example>\r\nDATA\r\n"
+        writer.write(envelope)
+        assert await replies(3) == [b"250", b"250", b"354"]
+        ours = [data for who, data in written if who != id(writer)]
+        assert len(ours) == 1  # one write, the three replies
+        writer.write(encode_data(mail()))
+        assert await replies(1) == [b"250"]
+        writer.write(b"RSET\r\n")  # alone: answered alone, at once
+        assert await replies(1) == [b"250"]
+        writer.write(b"QUIT\r\n")
+        assert await replies(1) == [b"221"]
+        writer.close()
+
+    run(tmp_path, body)
+
+
 def test_multi_recipient_gets_one_reply_per_recipient_in_order(tmp_path: Path) -> None:
     async def body(rig: Rig) -> None:
         first = await deliver(rig.target, "alice@example.org", ["ticket@help.example"], mail())

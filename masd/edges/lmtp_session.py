@@ -24,7 +24,9 @@ in :class:`LmtpProtocol`:
   docs/protocol.md §3), while a command line keeps aiosmtpd's limits;
 - a reply is written without waiting on the writer unless its buffer is
   past the transport's high-water mark (aiosmtpd awaits a drain after every
-  reply);
+  reply), and a reply to a command that a pipelining client followed with more
+  (the next command already read) waits to go out with the next reply: the
+  replies to a mail's ``MAIL``, ``RCPT`` and ``DATA`` are one write;
 - a session that makes no progress (no command, no data) for the idle
   timeout is closed (docs/protocol.md §3, RFC 5321 §4.5.3.2); while masd itself works
   on the data the clock is stopped.  Closing inside DATA records nothing.
@@ -179,6 +181,11 @@ def lazy_command_log() -> None:
     aiosmtpd.smtp.sanitized_log = _sanitized_log_if_enabled
 
 
+#: Replies held to go out together stop being held past this many octets (then the writer's
+#: own high-water mark bounds what waits for a client that does not read).
+HOLD_BYTES: Final = 4096
+#: Replies after which the session closes: written at once, whatever else came.
+_CLOSING: Final = (b"221", b"421")
 #: How much a session's stream reader holds before reading from the connection pauses.
 PAUSE_BYTES: Final = 1 << 18
 
@@ -196,6 +203,10 @@ class _MailReader(asyncio.StreamReader):
             super().feed_data(data)
         finally:
             self._limit = line_limit
+
+    def holds_line(self) -> bool:
+        """A whole line has come and not been read yet (a client's next command, pipelined)."""
+        return b"\n" in self._buffer  # type: ignore[attr-defined]  # asyncio's, unlisted
 
     def _maybe_resume_transport(self) -> None:
         line_limit, self._limit = self._limit, PAUSE_BYTES // 2
@@ -220,6 +231,8 @@ class LmtpProtocol(LMTP):
         self._data_rcpts: list[str] = []  # the recipients the answer to the data is for
         self._idle_until = 0.0  # loop time after which an idle session is closed
         self._idle_armed = False  # a check is scheduled (self._timeout_handle)
+        self._held: list[bytes] = []  # replies kept to go out with the next (see _write)
+        self._held_bytes = 0
 
     @property
     def state(self) -> State:
@@ -344,6 +357,20 @@ class LmtpProtocol(LMTP):
         every reply, a coroutine and its checks four times a mail."""
         if isinstance(reply, str):
             reply = reply.encode("utf-8" if self.enable_SMTPUTF8 else "ascii")
+        reader = self._reader
+        more = isinstance(reader, _MailReader) and reader.holds_line()
+        hold = (more and not reply.startswith(_CLOSING)) or reply[3:4] == b"-"
+        if hold and self._held_bytes < HOLD_BYTES:
+            # The client's next command came already (pipelined, RFC 2920), or this is a line
+            # of a reply with more to come (aiosmtpd pushes LHLO's a line at a time): it goes
+            # out with the next, in one write.
+            self._held.append(reply + b"\r\n")
+            self._held_bytes += len(reply) + 2
+            return
+        if self._held:
+            reply = b"".join(self._held) + reply
+            self._held.clear()
+            self._held_bytes = 0
         self._writer.write(reply + b"\r\n")
         if _MAIL_LOG.isEnabledFor(logging.DEBUG):
             _MAIL_LOG.debug("%r << %r", self.session and self.session.peer, reply)
