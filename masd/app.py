@@ -45,7 +45,7 @@ from masd.logs import keep_secrets
 from masd.metrics import Metrics
 from masd.read.feed import FeedWatch
 from masd.service import ALL_WAKES, PURGE_BATCH, Runtime, Wakes, expired, purge, reloading, retire
-from masd.store import StoreHandle, open_store
+from masd.store import StoreError, StoreHandle, open_store
 
 if TYPE_CHECKING:
     from masd.edges.mcp_http import McpServer
@@ -361,6 +361,8 @@ class App:
                 removed = await self.purge()
                 if any(removed.values()):
                     log.info("purged %s", " ".join(f"{k}={v}" for k, v in removed.items()))
+            except StoreError as exc:  # the store's own fault, named (a full disk, no files)
+                log.warning("housekeeping skipped: %s; trying again later", exc)
             except Exception:
                 log.exception("housekeeping failed; trying again later")
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
