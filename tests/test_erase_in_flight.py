@@ -71,11 +71,13 @@ class HeldRelay:
                 elif verb == b"DATA":
                     self.at_data.set()
                     await self.release.wait()
-                    writer.write(b"354 go ahead\r\n")
-                    await writer.drain()
                     try:
+                        writer.write(b"354 go ahead\r\n")
+                        await writer.drain()
                         await reader.readuntil(b"\r\n.\r\n")
-                    except asyncio.IncompleteReadError:
+                    except (asyncio.IncompleteReadError, ConnectionError):
+                        # The client left: its close seen as an end of input, or, when the
+                        # 354 reached a socket it had closed, as a reset.
                         self.outcome.set_result("broken off")
                         return
                     self.outcome.set_result("delivered")
