@@ -218,14 +218,20 @@ class SmtpTransport:
 
     async def _probe(self, session: _Session) -> None:
         """RSET on a session idle a while: one the relay dropped raises :class:`_Dropped`."""
-        try:
-            reply = await session.client.command(b"RSET")
-        except (SmtpClientError, OSError) as exc:
-            session.close()
-            raise _Dropped(str(exc)) from exc
-        if reply.code != 250:
-            session.close()
-            raise _Dropped(f"RSET answered {reply.code}")
+        if not await self._rset(session):
+            raise _Dropped("the relay did not take RSET on a session kept idle")
+
+    @staticmethod
+    async def _rset(session: _Session) -> bool:
+        """RSET on ``session``: True if the relay took it, else False with the session closed."""
+        if session.client.is_connected:
+            try:
+                if (await session.client.command(b"RSET")).code == 250:
+                    return True
+            except (SmtpClientError, OSError):
+                pass
+        session.close()
+        return False
 
     @staticmethod
     async def _commands(client: Session, commands: list[bytes]) -> Reply | None:
@@ -253,19 +259,11 @@ class SmtpTransport:
 
     async def _reset(self, session: _Session, result: SmtpResult) -> SmtpResult:
         """After a refused transaction: RSET and keep the session (421: the relay closes it)."""
-        if result.code == 421 or not session.client.is_connected:
+        if result.code == 421:
             session.close()
-            return result
-        try:
-            reply = await session.client.command(b"RSET")
-        except (SmtpClientError, OSError):
-            session.close()
-            return result
-        if reply.code != 250:
-            session.close()
-            return result
-        session.used = time.monotonic()
-        self._idle.append(session)
+        elif await self._rset(session):
+            session.used = time.monotonic()
+            self._idle.append(session)
         return result
 
     def _failed(self, exc: BaseException) -> SmtpResult:
