@@ -368,8 +368,8 @@ class Outbox:
                 json.dumps(str(exc)),
             )
             return False
-        if done and not behind and outbox_leases.lease_of(self._store) is None:
-            self._heads.alone[item.id] = mark  # nothing of its queue to look for
+        if done and not behind:  # nothing of its queue to look for, on any host's store
+            self._heads.alone[item.id] = mark
         return True
 
     async def _keep(self, item: OutboxItem, outcome: Attempt, *, relayed: bool | None) -> None:

@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from masd.store.backend import Dialect
-from masd.store.sql import Tx, dialect, dumps, lease, many, send, tuples, value
+from masd.store.sql import Tx, db, dialect, dumps, lease, many, send, tuples, value
 
 
 @dataclass(frozen=True)
@@ -98,11 +98,15 @@ _QUEUE = (
 def _queue_leased(d: Dialect) -> str:
     # PostgreSQL's RETURNING and its subqueries see the table as the statement began, not
     # the row it inserts: "no row of its queue pending" before is "none before it" after.
+    # The pending row found is locked (FOR SHARE) until this commit: a host recording it
+    # sent (:func:`relayed`) waits, then sees this row behind it; one that recorded it
+    # first makes this wait, and the row, done by then, is passed over (READ COMMITTED
+    # checks a locked row again once its writer committed), so this one is the head.
     return (
         f"INSERT INTO outbox ({_COLUMNS}, claimed_by, claimed_until) "  # noqa: S608 - dialect words only
         "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, CASE WHEN q.head THEN ?::text END, "
         f"CASE WHEN q.head THEN {d.now_epoch} + ?::double precision END FROM (SELECT NOT EXISTS "
-        "(SELECT 1 FROM outbox p WHERE p.queue = ? AND p.state = 'pending') AS head) q "
+        "(SELECT 1 FROM outbox p WHERE p.queue = ? AND p.state = 'pending' FOR SHARE) AS head) q "
         "RETURNING id, claimed_by IS NOT NULL"
     )
 
@@ -259,21 +263,31 @@ def done(tx: Tx, item_id: int, at: float | None = None) -> None:
 
 def relayed(tx: Tx, item_id: int, at: float) -> tuple[bool, bool]:
     """The relay took the mail of row ``item_id`` (its ``250``): done at ``at``, its lease
-    (where hosts share the store) given back.  One statement, which the sender runs as a
-    transaction of its own the moment the reply is in, batched with nothing: a host killed
-    after the ``250`` leaves the row pending (sent again by another host once its lease
-    lapses, or after a restart) only if it died before this commit.  Whether the row was
-    still pending (False: an operator dropped it meanwhile), and whether another row of its
-    queue is pending (False: its queue has no head to look for, as of this commit)."""
-    found = tuples(
-        tx,
+    (where hosts share the store) given back.  The sender runs it as a transaction of its
+    own the moment the reply is in, batched with nothing (two statements, one round trip):
+    a host killed after the ``250`` leaves the row pending (sent again by another host once
+    its lease lapses, or after a restart) only if it died before this commit.  Whether the
+    row was still pending (False: an operator dropped it meanwhile), and whether another row
+    of its queue is pending (False: its queue has no head to look for, as of this commit).
+
+    The second answer is read by a statement of its own, after the update: on PostgreSQL a
+    host queuing a row behind this one locks this row first (:func:`_queue_leased`), so
+    either the update waited for that host's commit and the count sees its row, or that
+    host waited for this commit and queued its row as its queue's head, its own to send."""
+    updated = db(tx).execute(
         "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "  # noqa: S608 - dialect words only
-        f"done_at = ?{dialect(tx).released()} WHERE id = ? AND state = 'pending' RETURNING id, "
-        "EXISTS (SELECT 1 FROM outbox p WHERE p.queue = outbox.queue AND p.state = 'pending' "
-        "AND p.id <> outbox.id)",
+        f"done_at = ?{dialect(tx).released()} WHERE id = ? AND state = 'pending' RETURNING id",
         (at, item_id),
     )
-    return bool(found), bool(found and found[0][1])
+    behind = db(tx).execute(_BEHIND, (item_id, item_id))
+    found = bool(updated.fetchall())
+    return found, found and bool(behind.fetchall()[0][0])
+
+
+_BEHIND = (
+    "SELECT EXISTS (SELECT 1 FROM outbox p WHERE p.queue = (SELECT queue FROM outbox "
+    "WHERE id = ?) AND p.state = 'pending' AND p.id <> ?)"
+)
 
 
 def done_many(tx: Tx, item_ids: Sequence[int], at: float | None = None) -> None:
