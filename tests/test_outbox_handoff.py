@@ -87,7 +87,7 @@ def test_a_row_behind_a_pending_head_is_not_handed_and_waits_for_it(tmp_path: Pa
         assert first.payload == (await query(env, "SELECT payload FROM outbox"))[0]["payload"]
 
         def send_first(db: Any) -> tuple[tuple[bool, bool], rows.OutboxItem, bool]:
-            relayed = rows.relayed(db, first.id, START)  # another row of its queue waits
+            relayed = rows.relayed(db, first.id, START)()  # another row of its queue waits
             third, head3 = rows.queue_item(db, row, START, START + 60)
             return relayed, third, head3
 

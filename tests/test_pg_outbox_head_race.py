@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from support.postgres import Database, postgres, postgres_server  # noqa: F401
@@ -20,7 +20,9 @@ from support.postgres import Database, postgres, postgres_server  # noqa: F401
 from masd.store import outbox
 from masd.store.pg_admin import migrate as pg_migrate
 from masd.store.pg_backend import PgStore
-from masd.store.sql import Tx
+from masd.store.sql import Tx, value
+
+T = TypeVar("T")
 
 QUEUE = "intake:i-1|mode"
 #: Seconds a job holds its transaction open for the other to run into it.
@@ -86,6 +88,13 @@ class Timed:
         return self.result
 
 
+def _run_now(answer: T, tx: Tx) -> T:
+    """``answer``, once the statements the job sent so far ran (a read waits for them all;
+    ``relayed`` reads its own results only with the commit)."""
+    assert value(tx, "SELECT 1") == 1
+    return answer
+
+
 def _head(a: PgStore) -> int:
     item, head = a.write_sync(lambda tx: outbox.queue_item(tx, _row(1), time.time(), 1e12))
     assert (head, item.held_until > 0) == (True, True)
@@ -97,11 +106,11 @@ def test_a_row_queued_while_the_head_is_recorded_sent_becomes_the_head(
 ) -> None:
     a, b = hosts
     first = _head(a)
-    record = Held(a, lambda tx: outbox.relayed(tx, first, time.time()))
+    record = Held(a, lambda tx: _run_now(outbox.relayed(tx, first, time.time()), tx))
     queued = Timed(b, lambda tx: outbox.queue_item(tx, _row(2), time.time(), 1e12))
     time.sleep(HOLD)
     released = time.monotonic()
-    assert record.release() == (True, False)  # nothing behind it as of its commit
+    assert record.release()() == (True, False)  # nothing behind it as of its commit
     item, head = queued.join()
     assert queued.ended >= released  # it waited for the record's commit
     assert (head, item.held_until > 0) == (True, True)  # the head, host b's to send
@@ -118,5 +127,5 @@ def test_a_record_after_a_row_queued_behind_it_sees_that_row(
     released = time.monotonic()
     item, head = queued.release()
     assert (head, item.held_until) == (False, 0)  # behind the pending head: nobody's yet
-    assert record.join() == (True, True)  # its sender looks for the row behind it
+    assert record.join()() == (True, True)  # its sender looks for the row behind it
     assert record.ended >= released

@@ -357,9 +357,8 @@ class Outbox:
             return None
         now, mark = self._clock.now(), self._heads.bare
         try:
-            done, behind = await self._store.write(
-                lambda db: service.outbox_relayed(db, item.id, now)
-            )
+            answer = await self._store.write(lambda db: service.outbox_relayed(db, item.id, now))
+            done, behind = answer()
         except Exception as exc:  # noqa: BLE001 - recorded by _keep after a backoff
             self._metrics.inc("masd_outbox_record_failures_total", kind=item.kind)
             log.warning(

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from masd.store.backend import Dialect
-from masd.store.sql import Tx, db, dialect, dumps, lease, many, send, tuples, value
+from masd.store.backend import Cursor, Dialect
+from masd.store.sql import AfterCommit, Tx, db, dialect, dumps, lease, many, send, tuples, value
 
 
 @dataclass(frozen=True)
@@ -261,14 +261,15 @@ def done(tx: Tx, item_id: int, at: float | None = None) -> None:
     done_many(tx, (item_id,), at)
 
 
-def relayed(tx: Tx, item_id: int, at: float) -> tuple[bool, bool]:
+def relayed(tx: Tx, item_id: int, at: float) -> AfterCommit[tuple[bool, bool]]:
     """The relay took the mail of row ``item_id`` (its ``250``): done at ``at``, its lease
     (where hosts share the store) given back.  The sender runs it as a transaction of its
-    own the moment the reply is in, batched with nothing (two statements, one round trip):
-    a host killed after the ``250`` leaves the row pending (sent again by another host once
-    its lease lapses, or after a restart) only if it died before this commit.  Whether the
-    row was still pending (False: an operator dropped it meanwhile), and whether another row
-    of its queue is pending (False: its queue has no head to look for, as of this commit).
+    own the moment the reply is in, batched with nothing (on PostgreSQL one round trip,
+    its answers read with the commit): a host killed after the ``250`` leaves the row
+    pending (sent again by another host once its lease lapses, or after a restart) only if
+    it died before this commit.  Whether the row was still pending (False: an operator
+    dropped it meanwhile), and whether another row of its queue is pending (False: its
+    queue has no head to look for, as of this commit).
 
     The second answer is read by a statement of its own, after the update: on PostgreSQL a
     host queuing a row behind this one locks this row first (:func:`_queue_leased`), so
@@ -279,8 +280,15 @@ def relayed(tx: Tx, item_id: int, at: float) -> tuple[bool, bool]:
         f"done_at = ?{dialect(tx).released()} WHERE id = ? AND state = 'pending' RETURNING id",
         (at, item_id),
     )
+    if not dialect(tx).lock_rows:  # SQLite: a cursor is read before its transaction ends
+        answer = _relayed(updated.fetchall(), db(tx).execute(_BEHIND, (item_id, item_id)))
+        return AfterCommit(lambda: answer)
     behind = db(tx).execute(_BEHIND, (item_id, item_id))
-    found = bool(updated.fetchall())
+    return AfterCommit(lambda: _relayed(updated.fetchall(), behind))
+
+
+def _relayed(updated: list[tuple[Any, ...]], behind: Cursor) -> tuple[bool, bool]:
+    found = bool(updated)
     return found, found and bool(behind.fetchall()[0][0])
 
 

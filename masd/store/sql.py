@@ -15,9 +15,9 @@ Behind a ``Tx`` is a :class:`masd.store.backend.Connection` (SQLite's is the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Protocol, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from masd.store.backend import SQLITE, Connection, Dialect
 
@@ -93,6 +93,26 @@ def send(tx: Tx, sql: str, params: Sequence[Any] = ()) -> None:
     statement whose result is read (pipeline mode, masd/store/pg_backend.py), and an error
     of its own is raised there, or at the commit."""
     db(tx).execute(sql, tuple(params))
+
+
+T = TypeVar("T")
+
+
+class AfterCommit(Generic[T]):
+    """A store job's answer, read by its caller once the job's transaction committed
+    (``answer = (await store.write(job))()``).
+
+    On PostgreSQL the results a job leaves unread come back with its ``COMMIT``, in the
+    round trip that ends it: a job that reads them before it returns waits for the
+    server once more.  Only for a job none of whose writes depend on what it reads."""
+
+    __slots__ = ("_read",)
+
+    def __init__(self, read: Callable[[], T]) -> None:
+        self._read = read
+
+    def __call__(self) -> T:
+        return self._read()
 
 
 @contextmanager
