@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from masd.store.backend import Cursor, Dialect
+from masd.store.backend import Dialect
 from masd.store.sql import AfterCommit, Tx, db, dialect, dumps, lease, many, send, tuples, value
 
 
@@ -271,27 +271,33 @@ def relayed(tx: Tx, item_id: int, at: float) -> AfterCommit[tuple[bool, bool]]:
     dropped it meanwhile), and whether another row of its queue is pending (False: its
     queue has no head to look for, as of this commit).
 
-    The second answer is read by a statement of its own, after the update: on PostgreSQL a
+    On PostgreSQL the second answer is read by a statement of its own, after the update: a
     host queuing a row behind this one locks this row first (:func:`_queue_leased`), so
     either the update waited for that host's commit and the count sees its row, or that
     host waited for this commit and queued its row as its queue's head, its own to send."""
-    updated = db(tx).execute(
+    done = (
         "UPDATE outbox SET state = 'done', attempts = attempts + 1, last_error = NULL, "  # noqa: S608 - dialect words only
-        f"done_at = ?{dialect(tx).released()} WHERE id = ? AND state = 'pending' RETURNING id",
-        (at, item_id),
+        f"done_at = ?{dialect(tx).released()} WHERE id = ? AND state = 'pending' RETURNING id"
     )
-    if not dialect(tx).lock_rows:  # SQLite: a cursor is read before its transaction ends
-        answer = _relayed(updated.fetchall(), db(tx).execute(_BEHIND, (item_id, item_id)))
+    if not dialect(tx).lock_rows:  # one writer (SQLite): nothing is queued meanwhile
+        found = tuples(tx, f"{done}, {_BEHIND_IT}", (at, item_id))
+        answer = (bool(found), bool(found and found[0][1]))
         return AfterCommit(lambda: answer)
+    updated = db(tx).execute(done, (at, item_id))
     behind = db(tx).execute(_BEHIND, (item_id, item_id))
-    return AfterCommit(lambda: _relayed(updated.fetchall(), behind))
+    return AfterCommit(lambda: _relayed(updated.fetchall(), behind.fetchall()))
 
 
-def _relayed(updated: list[tuple[Any, ...]], behind: Cursor) -> tuple[bool, bool]:
-    found = bool(updated)
-    return found, found and bool(behind.fetchall()[0][0])
+def _relayed(updated: list[tuple[Any, ...]], behind: list[tuple[Any, ...]]) -> tuple[bool, bool]:
+    return bool(updated), bool(updated) and bool(behind[0][0])
 
 
+#: Another row of the updated row's queue is pending (in its RETURNING clause).
+_BEHIND_IT = (
+    "EXISTS (SELECT 1 FROM outbox p WHERE p.queue = outbox.queue AND p.state = 'pending' "
+    "AND p.id <> outbox.id)"
+)
+#: The same, as a statement of its own after the update (its own snapshot on PostgreSQL).
 _BEHIND = (
     "SELECT EXISTS (SELECT 1 FROM outbox p WHERE p.queue = (SELECT queue FROM outbox "
     "WHERE id = ?) AND p.state = 'pending' AND p.id <> ?)"
