@@ -90,6 +90,8 @@ class _Applying:
         self.handed: list[outbox.OutboxItem] | None = []  # None: one waits behind another
         self.deadline: float | None = None
         self.statuses: list[Status] = []
+        #: the id and head of the mail a send about to pass would queue (outbox.reserve)
+        self.reserved: outbox.Reserved | None = None
 
     @property
     def case(self) -> CaseView:
@@ -100,11 +102,11 @@ class _Applying:
     def thread(self, kind: str, data: dict[str, Any]) -> None:
         append_thread(self.tx, self.case.key, kind, data, at=self.now)
 
-    def queue(self, row: outbox.NewRow) -> int:
+    def queue(self, row: outbox.NewRow, reserved: outbox.Reserved | None = None) -> int:
         """One outbox row; rows of one ``queue`` are delivered in order (docs/protocol.md §10).
         Returns its id, which the thread entry recording the send names."""
         retry_for = self.job.rt.config.server.retry_for
-        item, head = outbox.queue_item(self.tx, row, self.now, self.now + retry_for)
+        item, head = outbox.queue_item(self.tx, row, self.now, self.now + retry_for, reserved)
         self.queued = True  # the job's Wakes: the outbox has work once it commits
         # Handed to the outbox with the wake while each is its queue's head; one behind
         # another is the outbox's to look for when the one before it is sent.
@@ -321,6 +323,8 @@ def _refusal(ap: _Applying, recipient: Recipient | None, purpose: str) -> str | 
     # same statement: a round trip where the store is across a network).
     refusal: str | None = decide_send(recipient, Counts(0, 0), caps)
     if refusal is None and recipient is not None:
+        # Asked with the standing read (PostgreSQL): the mail is queued whole if it may go.
+        ap.reserved = outbox.reserve(ap.tx, _mail_queue(case))
         standing = cases.send_standing(
             ap.tx, case.key, recipient.address.lower(), ap.now - CAP_WINDOW_SECONDS
         )
@@ -329,6 +333,11 @@ def _refusal(ap: _Applying, recipient: Recipient | None, purpose: str) -> str | 
             purpose, standing.suppressed_until, ap.now
         )
     return refusal
+
+
+def _mail_queue(case: CaseView) -> str:
+    """The outbox queue of a case's mail: sent in the order it was queued."""
+    return f"{case.key}|smtp"
 
 
 def _send_mail(ap: _Applying, s: SendMail) -> str | None:
@@ -380,9 +389,16 @@ def _queue_mail(ap: _Applying, s: SendMail, original: _Original) -> None:
         "domain": case.domain,
         "message": raw.decode("utf-8"),
     }
-    outbox_id = ap.queue(outbox.NewRow("mail", f"{case.key}|smtp", "smtp", case.key, None, payload))
-    written = bounce_mail.give_envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now, payload)
-    ap.rewritten(outbox_id, written)
+    queue = _mail_queue(case)
+    reserved, ap.reserved = ap.reserved, None
+    if reserved is not None:  # its id known ahead: queued with its bounce address
+        outbox_id, _ = reserved.read()
+        payload["mail_from"] = bounce_mail.envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now)
+        ap.queue(outbox.NewRow("mail", queue, "smtp", case.key, None, payload), reserved)
+    else:
+        outbox_id = ap.queue(outbox.NewRow("mail", queue, "smtp", case.key, None, payload))
+        written = bounce_mail.give_envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now, payload)
+        ap.rewritten(outbox_id, written)
     cases.count_send(ap.tx, case.key, to.lower(), ap.now)
     ap.thread(
         "mail.out",

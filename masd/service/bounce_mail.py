@@ -50,9 +50,13 @@ def give_envelope(
     """Make the bounce address of mail ``outbox_id`` its envelope sender
     (``queued``: the payload it was just queued with, not read back; the
     payload it has now is returned)."""
+    return bounces.set_envelope(tx, outbox_id, envelope(rt, tx, case, outbox_id, now), queued)
+
+
+def envelope(rt: Runtime, tx: Tx, case: CaseView, outbox_id: int, now: float) -> str:
+    """The bounce address of mail ``outbox_id`` of ``case``: its envelope sender."""
     tag = make_tag(bounces.key(tx, now), case.key, outbox_id)
-    sender = bounce_address(case.address, rt.config.server.recipient_delimiter, tag)
-    return bounces.set_envelope(tx, outbox_id, sender, queued)
+    return bounce_address(case.address, rt.config.server.recipient_delimiter, tag)
 
 
 def suppression(purpose: str, until: float | None, now: float) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from masd.store.backend import Dialect
+from masd.store.backend import Cursor, Dialect
 from masd.store.sql import AfterCommit, Tx, db, dialect, dumps, lease, many, send, tuples, value
 
 
@@ -51,20 +51,67 @@ def queue(tx: Tx, row: NewRow, now: float, deliver_until: float) -> int:
     return queue_item(tx, row, now, deliver_until)[0].id
 
 
-def queue_item(tx: Tx, row: NewRow, now: float, deliver_until: float) -> tuple[OutboxItem, bool]:
+class Reserved:
+    """An outbox id taken ahead for a row of ``queue``, and whether that row will be its
+    queue's head (:func:`reserve`)."""
+
+    __slots__ = ("_answer", "_found", "queue")
+
+    def __init__(self, found: Cursor, queue: str) -> None:
+        self._found = found
+        self._answer: tuple[int, bool] | None = None
+        self.queue = queue
+
+    def read(self) -> tuple[int, bool]:
+        """(the id, whether the row will be its queue's head)."""
+        if self._answer is None:
+            (item_id, head), *_ = self._found.fetchall()
+            self._answer = (int(item_id), bool(head))
+        return self._answer
+
+
+def reserve(tx: Tx, queue: str) -> Reserved | None:
+    """On PostgreSQL, the id of a row about to be queued on ``queue`` and whether it will be
+    its queue's head, asked with the job's next read (no round trip of their own) so that
+    the row is queued whole in one statement whose answer the job need not wait for
+    (:func:`queue_item`); the pending row found is locked as :func:`_queue_leased` locks it.
+    An id reserved for a row never queued (the send was refused) is a gap in the ids, as a
+    sequence leaves.  None on SQLite: a row's id comes from its insert, with no round trip
+    to save."""
+    if not dialect(tx).leases:
+        return None
+    return Reserved(db(tx).execute(_RESERVE, (queue,)), queue)
+
+
+_RESERVE = (
+    "SELECT nextval(pg_get_serial_sequence('outbox', 'id')), NOT EXISTS "
+    "(SELECT 1 FROM outbox p WHERE p.queue = ? AND p.state = 'pending' FOR SHARE)"
+)
+
+
+def queue_item(
+    tx: Tx, row: NewRow, now: float, deliver_until: float, reserved: Reserved | None = None
+) -> tuple[OutboxItem, bool]:
     """Queue ``row``: the row as the sender reads it, and whether it is its queue's head
     (no row of its queue before it is pending), both as of this transaction.
 
     Where several hosts send, a head is queued leased to this host (its lease starts at the
     insert, on the database's clock), so that the host sends it without a claim of its own:
     :attr:`OutboxItem.held_until` says until when that holds (a third of the lease after
-    the job began, leaving its renewal, a third later, inside the lease)."""
+    the job began, leaving its renewal, a third later, inside the lease).  ``reserved``
+    (:func:`reserve`, for ``row.queue``): its id and head, the insert's answer not awaited."""
     payload = dumps(dict(row.payload))
     values = (row.kind, row.queue, row.peer, row.case_key, row.url, payload, now, now)
     held = lease(tx) if dialect(tx).leases else None
     until = 0.0
     if held is None:
         (item_id, head), *_ = tuples(tx, _QUEUE, (*values, deliver_until))
+    elif reserved is not None and reserved.queue == row.queue:
+        host, seconds, began = held
+        item_id, head = reserved.read()
+        whole = (item_id, *values, deliver_until, host if head else None, head, seconds)
+        send(tx, _queue_reserved(dialect(tx)), whole)
+        until = began + seconds / 3 if head else 0.0
     else:
         host, seconds, began = held
         params = (*values, deliver_until, host, seconds, row.queue)
@@ -108,6 +155,16 @@ def _queue_leased(d: Dialect) -> str:
         f"CASE WHEN q.head THEN {d.now_epoch} + ?::double precision END FROM (SELECT NOT EXISTS "
         "(SELECT 1 FROM outbox p WHERE p.queue = ? AND p.state = 'pending' FOR SHARE) AS head) q "
         "RETURNING id, claimed_by IS NOT NULL"
+    )
+
+
+@cache
+def _queue_reserved(d: Dialect) -> str:
+    # A head's lease (claimed_by given) starts at the insert; a row behind one has none.
+    return (
+        f"INSERT INTO outbox (id, {_COLUMNS}, claimed_by, claimed_until) "  # noqa: S608 - dialect words only
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), CASE WHEN CAST(? AS BOOLEAN) "
+        f"THEN {d.now_epoch} + CAST(? AS DOUBLE PRECISION) END)"
     )
 
 
