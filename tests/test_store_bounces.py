@@ -6,13 +6,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from support.postgres import postgres, postgres_server  # noqa: F401
 from test_store_backends import Backend, backend  # noqa: F401
 
 from masd.core.engine import CaseView
 from masd.store import bounces, cases, entries, outbox
 from masd.store.outbox import NewRow
-from masd.store.sql import Tx, tuples
+from masd.store.sql import Tx, run, tuples
 from masd.store.thread import append_thread
 
 KEY = "ticket=gs-1@help.example"
@@ -63,46 +64,58 @@ def test_the_secret_is_made_once_and_kept(backend: Backend) -> None:  # noqa: F8
     assert _r(backend, bounces.key_or_none) == first
 
 
-def test_a_mail_gets_its_envelope_and_its_entry_is_found(backend: Backend) -> None:  # noqa: F811
-    oid = _case_with_mail(backend)
-    _w(backend, lambda tx: bounces.set_envelope(tx, oid, "ticket=gs-1+bounce-1-x@help.example"))
-    payload = _r(backend, lambda tx: outbox.heads_of_queues(tx, [f"{KEY}|smtp"], 50.0))[0].payload
-    assert json.loads(payload)["mail_from"] == "ticket=gs-1+bounce-1-x@help.example"
-    assert json.loads(payload)["rcpt_to"] == "ann@example.org"
-    assert _r(backend, lambda tx: bounces.mail_out(tx, KEY, oid)) == (1, "ann@example.org")
+def test_a_mail_queued_under_its_reserved_id_is_found_by_it(backend: Backend) -> None:  # noqa: F811
+    view = CaseView(KEY, KEY, "help.example", "ticket", "gs-1", "master", "ann@example.org")
+    queue = f"{KEY}|smtp"
+
+    def work(tx: Tx) -> tuple[int, bool]:
+        cases.create(tx, view, 10.0)
+        reserved = outbox.reserve(tx, queue)
+        oid, head = reserved.read()
+        payload = {"mail_from": f"ticket=gs-1+bounce-{oid}-x@help.example", "rcpt_to": "ann@x.org"}
+        item, queued_head = outbox.queue_item(
+            tx, NewRow("mail", queue, "smtp", KEY, None, payload), 10.0, 99.0, reserved
+        )
+        assert (item.id, queued_head) == (oid, head)
+        append_thread(tx, KEY, "mail.out", {"to": "ann@x.org", "outbox_id": oid}, at=10.0)
+        return oid, head
+
+    oid, head = _w(backend, work)
+    assert head
+    (row,) = _r(backend, lambda tx: outbox.heads_of_queues(tx, [queue], 50.0))
+    assert row.id == oid
+    assert json.loads(row.payload)["mail_from"] == f"ticket=gs-1+bounce-{oid}-x@help.example"
+    assert _r(backend, lambda tx: bounces.mail_out(tx, KEY, oid)) == (1, "ann@x.org")
     assert _r(backend, lambda tx: bounces.mail_out(tx, KEY, oid + 1)) is None
     _w(backend, lambda tx: append_thread(tx, KEY, "mail.bounced", {"mail_seq": 1}, at=11.0))
     kinds = _r(backend, lambda tx: tuples(tx, "SELECT kind FROM thread ORDER BY seq"))
     assert [k for (k,) in kinds][-1] == "mail.bounced"
 
 
-def test_an_envelope_given_with_the_queued_payload_is_the_same_as_one_read_back(
+def test_a_reserved_id_is_never_one_used_and_says_whether_its_row_heads_its_queue(
     backend: Backend,  # noqa: F811
 ) -> None:
-    read_back, handed = _case_with_mail(backend), _case_with_mail_on(backend, "gs-2")
-    sender = "ticket=gs-1+bounce-1-x@help.example"
-    queued = {"mail_from": KEY, "rcpt_to": "ann@example.org", "message": "x"}
-    _w(backend, lambda tx: bounces.set_envelope(tx, read_back, sender))
-    _w(backend, lambda tx: bounces.set_envelope(tx, handed, sender, queued))
-    queues = [f"{KEY}|smtp", "ticket=gs-2@help.example|smtp"]
-    stored = _r(backend, lambda tx: outbox.heads_of_queues(tx, queues, 50.0))
-    payloads = {row.id: json.loads(row.payload) for row in stored}
-    assert payloads[read_back] == payloads[handed]
-    assert payloads[handed]["mail_from"] == sender
-    assert queued["mail_from"] == KEY  # the caller's payload is not changed
+    first = _case_with_mail(backend)
+    queue, other = f"{KEY}|smtp", "ticket=gs-2@help.example|smtp"
+    behind = _w(backend, lambda tx: outbox.reserve(tx, queue).read())
+    alone = _w(backend, lambda tx: outbox.reserve(tx, other).read())
+    assert behind[0] > first
+    assert not behind[1]
+    assert alone[0] > first
+    assert alone[1]
+    # The newest row gone (purged), the next id is still past it: ids are never reused.
+    _w(backend, lambda tx: run(tx, "DELETE FROM outbox WHERE id = ?", (first,)))
+    after = _w(backend, lambda tx: outbox.reserve(tx, other).read())
+    assert after[0] > first
+    assert after[1]
+    row = NewRow("mail", other, "smtp", KEY, None, {"rcpt_to": "ann@example.org"})
 
+    def mismatched(tx: Tx) -> None:
+        outbox.queue_item(tx, row, 10.0, 99.0, outbox.reserve(tx, queue))
 
-def _case_with_mail_on(store: Backend, ticket: str) -> int:
-    key = f"ticket={ticket}@help.example"
-    view = CaseView(key, key, "help.example", "ticket", ticket, "master", "ann@example.org")
-
-    def work(tx: Tx) -> int:
-        cases.create(tx, view, 10.0)
-        payload = {"mail_from": KEY, "rcpt_to": "ann@example.org", "message": "x"}
-        row = NewRow("mail", f"{key}|smtp", "smtp", key, None, payload)
-        return outbox.queue(tx, row, 10.0, 99.0)
-
-    return int(_w(store, work))
+    with pytest.raises(ValueError, match="reserved for queue"):
+        _w(backend, mismatched)
+    assert _w(backend, lambda tx: outbox.queue(tx, row, 10.0, 99.0)) >= after[0]
 
 
 def test_a_permanent_bounce_marks_its_mail_and_a_delay_does_not(backend: Backend) -> None:  # noqa: F811

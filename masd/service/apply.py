@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final, assert_never
 
 from masd.core import compose
@@ -112,18 +112,6 @@ class _Applying:
         # another is the outbox's to look for when the one before it is sent.
         self.handed = [*self.handed, item] if head and self.handed is not None else None
         return item.id
-
-    def rewritten(self, outbox_id: int, payload: str | None) -> None:
-        """Row ``outbox_id``'s payload was written again (its bounce address): the row
-        handed to the outbox is the one in the store (None: unknown, so none is handed)."""
-        if self.handed is None:
-            return
-        if payload is None:
-            self.handed = None
-            return
-        self.handed = [
-            replace(item, payload=payload) if item.id == outbox_id else item for item in self.handed
-        ]
 
     def result(self) -> Applied:
         wakes = NO_WAKES
@@ -323,7 +311,7 @@ def _refusal(ap: _Applying, recipient: Recipient | None, purpose: str) -> str | 
     # same statement: a round trip where the store is across a network).
     refusal: str | None = decide_send(recipient, Counts(0, 0), caps)
     if refusal is None and recipient is not None:
-        # Asked with the standing read (PostgreSQL): the mail is queued whole if it may go.
+        # Its id, asked with the standing read on PostgreSQL: the mail is queued whole.
         ap.reserved = outbox.reserve(ap.tx, _mail_queue(case))
         standing = cases.send_standing(
             ap.tx, case.key, recipient.address.lower(), ap.now - CAP_WINDOW_SECONDS
@@ -383,22 +371,18 @@ def _queue_mail(ap: _Applying, s: SendMail, original: _Original) -> None:
             date=ap.now,
         )
     )
+    reserved, ap.reserved = ap.reserved, None
+    if reserved is None:  # pragma: no cover - _refusal reserves for every send that passes
+        raise RuntimeError(f"a mail to {to} on {case.key} passed with no outbox id reserved")
+    # Its id known ahead, the mail is queued whole, its bounce address its envelope sender.
+    outbox_id, _ = reserved.read()
     payload = {
-        "mail_from": case.address,
+        "mail_from": bounce_mail.envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now),
         "rcpt_to": to,
         "domain": case.domain,
         "message": raw.decode("utf-8"),
     }
-    queue = _mail_queue(case)
-    reserved, ap.reserved = ap.reserved, None
-    if reserved is not None:  # its id known ahead: queued with its bounce address
-        outbox_id, _ = reserved.read()
-        payload["mail_from"] = bounce_mail.envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now)
-        ap.queue(outbox.NewRow("mail", queue, "smtp", case.key, None, payload), reserved)
-    else:
-        outbox_id = ap.queue(outbox.NewRow("mail", queue, "smtp", case.key, None, payload))
-        written = bounce_mail.give_envelope(ap.job.rt, ap.tx, case, outbox_id, ap.now, payload)
-        ap.rewritten(outbox_id, written)
+    ap.queue(outbox.NewRow("mail", _mail_queue(case), "smtp", case.key, None, payload), reserved)
     cases.count_send(ap.tx, case.key, to.lower(), ap.now)
     ap.thread(
         "mail.out",

@@ -1,7 +1,7 @@
 """Bounces in the service: envelope senders out, bounce reports in (docs/protocol.md §22).
 
-- :func:`give_envelope`: a mail just queued gets its bounce address as
-  envelope sender, its tag naming the outbox row.
+- :func:`envelope`: the bounce address a mail is queued with as its envelope
+  sender, its tag naming the mail's outbox row.
 - :func:`suppression`: masd's own mail to a suppressed address is refused.
 - :func:`receive`: mail to a bounce address whose tag verified.  A bounce is
   recorded (raw bytes kept, no ``mail.in``, no acknowledgement), marks the
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -37,20 +36,6 @@ log = logging.getLogger("masd")
 NOT_A_BOUNCE: Final = "bounce-address"
 #: automated.reason of a bounce told to the master
 BOUNCE: Final = "bounce"
-
-
-def give_envelope(
-    rt: Runtime,
-    tx: Tx,
-    case: CaseView,
-    outbox_id: int,
-    now: float,
-    queued: Mapping[str, Any] | None = None,
-) -> str | None:
-    """Make the bounce address of mail ``outbox_id`` its envelope sender
-    (``queued``: the payload it was just queued with, not read back; the
-    payload it has now is returned)."""
-    return bounces.set_envelope(tx, outbox_id, envelope(rt, tx, case, outbox_id, now), queued)
 
 
 def envelope(rt: Runtime, tx: Tx, case: CaseView, outbox_id: int, now: float) -> str:

@@ -11,13 +11,11 @@
 
 from __future__ import annotations
 
-import json
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from masd.store.sql import Tx, dialect, dumps, one, rows, run, send, value
+from masd.store.sql import Tx, dialect, one, rows, run, send, value
 
 __all__ = [
     "Bounce",
@@ -29,7 +27,6 @@ __all__ = [
     "key_or_none",
     "mail_out",
     "record",
-    "set_envelope",
     "suppress",
     "suppressed_until",
     "suppressions",
@@ -68,33 +65,6 @@ def key(tx: Tx, now: float) -> bytes:
     if made is None:  # pragma: no cover - the insert above or another host's wrote it
         raise RuntimeError("bounce_key has no row after its insert")
     return bytes.fromhex(str(made))
-
-
-def set_envelope(
-    tx: Tx, outbox_id: int, mail_from: str, queued: Mapping[str, Any] | None = None
-) -> str | None:
-    """Give the queued mail ``outbox_id`` its envelope sender (its bounce address).
-
-    ``queued``: the payload the row was just queued with, when the caller has
-    it (the row is then not read back); the payload written is returned (None
-    without ``queued``).  Each way is one statement sent with the next (on
-    PostgreSQL no round trip of its own)."""
-    if queued is not None:
-        written = dumps({**queued, "mail_from": mail_from})
-        send(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (written, outbox_id))
-        return written
-    if dialect(tx).lock_rows:
-        send(
-            tx,
-            "UPDATE outbox SET payload = (payload::jsonb || jsonb_build_object('mail_from', "
-            "CAST(? AS TEXT)))::text WHERE id = ?",
-            (mail_from, outbox_id),
-        )
-        return None
-    payload = value(tx, "SELECT payload FROM outbox WHERE id = ?", (outbox_id,))
-    data = {**json.loads(str(payload)), "mail_from": mail_from}
-    send(tx, "UPDATE outbox SET payload = ? WHERE id = ?", (dumps(data), outbox_id))
-    return None
 
 
 @dataclass(frozen=True)

@@ -70,23 +70,37 @@ class Reserved:
         return self._answer
 
 
-def reserve(tx: Tx, queue: str) -> Reserved | None:
-    """On PostgreSQL, the id of a row about to be queued on ``queue`` and whether it will be
-    its queue's head, asked with the job's next read (no round trip of their own) so that
-    the row is queued whole in one statement whose answer the job need not wait for
-    (:func:`queue_item`); the pending row found is locked as :func:`_queue_leased` locks it.
-    An id reserved for a row never queued (the send was refused) is a gap in the ids, as a
-    sequence leaves.  None on SQLite: a row's id comes from its insert, with no round trip
-    to save."""
-    if not dialect(tx).leases:
-        return None
-    return Reserved(db(tx).execute(_RESERVE, (queue,)), queue)
+def reserve(tx: Tx, queue: str) -> Reserved:
+    """The id of a row about to be queued on ``queue`` and whether it will be its queue's
+    head, so that the row goes in whole, its bounce address already in its payload, in one
+    statement whose answer the job need not wait for (:func:`queue_item`).
+
+    On PostgreSQL both are asked with the job's next read (no round trip of their own), the
+    id from the table's sequence, the pending row found locked as :func:`_queue_leased`
+    locks it; an id reserved for a row never queued (the send was refused) is a gap, as a
+    sequence leaves.  On SQLite (one writer) the id is the one ``AUTOINCREMENT`` gives next,
+    read at once: no row can be queued between the reservation and its insert, since the
+    job queues nothing else in between, and a reservation not used leaves no gap."""
+    d = dialect(tx)
+    reserved = Reserved(db(tx).execute(_reserve(d), (queue,)), queue)
+    if not d.leases:
+        reserved.read()
+    return reserved
 
 
-_RESERVE = (
-    "SELECT nextval(pg_get_serial_sequence('outbox', 'id')), NOT EXISTS "
-    "(SELECT 1 FROM outbox p WHERE p.queue = ? AND p.state = 'pending' FOR SHARE)"
-)
+@cache
+def _reserve(d: Dialect) -> str:
+    if d.leases:
+        return (
+            "SELECT nextval(pg_get_serial_sequence('outbox', 'id')), NOT EXISTS "
+            "(SELECT 1 FROM outbox p WHERE p.queue = ? AND p.state = 'pending' FOR SHARE)"
+        )
+    # AUTOINCREMENT's next id: one past the larger of its counter and the largest id.
+    return (
+        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0), "
+        "COALESCE((SELECT MAX(id) FROM outbox), 0)) + 1, NOT EXISTS "
+        "(SELECT 1 FROM outbox p WHERE p.queue = ? AND p.state = 'pending')"
+    )
 
 
 def queue_item(
@@ -100,13 +114,18 @@ def queue_item(
     :attr:`OutboxItem.held_until` says until when that holds (a third of the lease after
     the job began, leaving its renewal, a third later, inside the lease).  ``reserved``
     (:func:`reserve`, for ``row.queue``): its id and head, the insert's answer not awaited."""
+    if reserved is not None and reserved.queue != row.queue:
+        raise ValueError(f"outbox id reserved for queue {reserved.queue!r}, not {row.queue!r}")
     payload = dumps(dict(row.payload))
     values = (row.kind, row.queue, row.peer, row.case_key, row.url, payload, now, now)
     held = lease(tx) if dialect(tx).leases else None
     until = 0.0
-    if held is None:
+    if held is None and reserved is not None:
+        item_id, head = reserved.read()
+        send(tx, _QUEUE_RESERVED, (item_id, *values, deliver_until))
+    elif held is None:
         (item_id, head), *_ = tuples(tx, _QUEUE, (*values, deliver_until))
-    elif reserved is not None and reserved.queue == row.queue:
+    elif reserved is not None:
         host, seconds, began = held
         item_id, head = reserved.read()
         whole = (item_id, *values, deliver_until, host if head else None, head, seconds)
@@ -139,6 +158,9 @@ _QUEUE = (
     "NOT EXISTS (SELECT 1 FROM outbox p WHERE p.queue = outbox.queue "
     "AND p.state = 'pending' AND p.id < outbox.id)"
 )
+
+
+_QUEUE_RESERVED = f"INSERT INTO outbox (id, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"  # noqa: S608 - constant column names
 
 
 @cache
