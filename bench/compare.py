@@ -26,7 +26,10 @@ then reads their replies, as Postfix's LMTP client does with a server that offer
 ``--profile DIR`` records each measured pass with py-spy (the same sampling
 as ``make bench``'s profiles) so the two builds' profiles of one load can be
 read side by side.  The figures are printed, medians last, with the ratio working tree / REV; a
-ratio over 1 is CPU the change costs.  Nothing is asserted about speed.
+ratio over 1 is CPU the change costs.  Each median comes with the range of its passes, and the
+ratio with the range of each round's own ratio: one that range holds 1.00 in may be noise (two
+runs of one build, nine rounds each, gave 1.01x, their passes 0.53-0.83 ms).  Nothing is
+asserted about speed.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ from bench.run import Profiler
 
 PATHS = ("intake", "ack")
 WARM_UP = 50
+#: On a shared two-core machine one pass's CPU per mail varies by a third from the next
+#: pass of the same build; the median of nine is within a few per cent of the next nine's.
+ROUNDS = 9
 
 
 @dataclass(frozen=True)
@@ -263,22 +269,37 @@ def _slug(build: masd.Build) -> str:
 
 
 def summary(points: Sequence[Point], new: str, old: str) -> list[str]:
-    lines = [f"{'path':<7} {'build':<14} {'mails/s':>9} {'ms CPU/mail':>12}  (medians)"]
+    """Medians per build, each with the range of its passes, then the ratio of the medians
+    and the range of the ratios of the two passes of each round (taken one after the
+    other, so a drift of the machine falls on both): a ratio that range holds 1.00 in
+    may be noise."""
+    head = f"{'path':<7} {'build':<14} {'mails/s':>9} {'ms CPU/mail':>12}  (medians; passes' range)"
+    lines = [head]
     for path in dict.fromkeys(p.path for p in points):
         med = {}
         for name in (new, old):
             mine = [p for p in points if p.path == path and p.build == name]
-            med[name] = (
-                statistics.median(p.rate for p in mine),
-                statistics.median(p.cpu_ms for p in mine),
+            cpu = [p.cpu_ms for p in mine]
+            med[name] = (statistics.median(p.rate for p in mine), statistics.median(cpu))
+            lines.append(
+                f"{path:<7} {name:<14} {med[name][0]:9.1f} {med[name][1]:12.3f}"
+                f"  ({min(cpu):.3f}-{max(cpu):.3f})"
             )
-            lines.append(f"{path:<7} {name:<14} {med[name][0]:9.1f} {med[name][1]:12.3f}")
-        rate, cpu = med[new][0] / med[old][0], med[new][1] / med[old][1]
+        rate, cpu_ratio = med[new][0] / med[old][0], med[new][1] / med[old][1]
+        pairs = _round_ratios(points, path, new, old)
         lines.append(
-            f"{path:<7} {'ratio':<14} {rate:8.2f}x {cpu:11.2f}x"
-            f"  ({new} / {old}; CPU over 1.00x is CPU the change costs)"
+            f"{path:<7} {'ratio':<14} {rate:8.2f}x {cpu_ratio:11.2f}x"
+            f"  ({new} / {old}; CPU over 1.00x is CPU the change costs;"
+            f" CPU ratio of each round {min(pairs):.2f}-{max(pairs):.2f}x)"
         )
     return lines
+
+
+def _round_ratios(points: Sequence[Point], path: str, new: str, old: str) -> list[float]:
+    """CPU per mail of ``new`` over ``old`` in each round of ``path``."""
+    cpu = {(p.round, p.build): p.cpu_ms for p in points if p.path == path}
+    rounds = sorted({r for r, _ in cpu})
+    return [cpu[r, new] / cpu[r, old] for r in rounds if (r, new) in cpu and (r, old) in cpu]
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -288,7 +309,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("rev", help="the older commit (a tag, a hash, HEAD~3)")
     ap.add_argument("--count", type=int, default=1000, help="mails per pass (default 1000)")
     ap.add_argument("--sessions", type=int, default=8, help="LMTP sessions (default 8)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of alternation (default 3)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        help=f"rounds of alternation (default {ROUNDS}: one pass alone varies by a third)",
+    )
     ap.add_argument("--paths", default=",".join(PATHS), help="intake,ack (default both)")
     ap.add_argument("--workdir", type=Path, help="default: a new directory in /var/tmp")
     ap.add_argument(

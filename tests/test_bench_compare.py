@@ -8,6 +8,7 @@ the summary names both with their ratio.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,8 @@ def test_an_older_commit_runs_from_its_own_tree_beside_the_working_tree(tmp_path
     ], out
     ratios = [line for line in out.splitlines() if " ratio " in line]
     assert [r.split()[0] for r in ratios] == ["intake", "ack"], out
+    # Each ratio names the range of the two rounds' own ratios.
+    assert all(re.search(r"each round \d+\.\d\d-\d+\.\d\dx\)$", r) for r in ratios), out
 
 
 def test_a_name_that_is_no_commit_is_refused_by_name(tmp_path: Path) -> None:
