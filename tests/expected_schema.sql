@@ -219,3 +219,9 @@ CREATE TABLE "thread" (
     UNIQUE (case_key, seq)
 ) STRICT;
 
+-- trigger thread_seq_kept
+CREATE TRIGGER thread_seq_kept AFTER INSERT ON thread
+BEGIN
+    UPDATE cases SET thread_seq = MAX(thread_seq, NEW.seq) WHERE key = NEW.case_key;
+END;
+

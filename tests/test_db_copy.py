@@ -226,7 +226,8 @@ def test_db_migrate_on_postgresql_and_backup_refused(
     first = runner.invoke(main, ["db", "migrate", "--config", str(config)])
     assert first.exit_code == 0, first.output
     assert first.output.strip() == (
-        "applied: initial, read-side, raw-last, bounces, erasable, hosts-add-up, keyed-tables"
+        "applied: initial, read-side, raw-last, bounces, erasable, hosts-add-up, keyed-tables, "
+        "thread-seq"
     )
     second = runner.invoke(main, ["db", "migrate", "--config", str(config)])
     assert second.output.strip() == "up to date"

@@ -30,6 +30,7 @@ from masd.store.schema import (
     ERASABLE_VERSION,
     HOSTS_ADD_UP_VERSION,
     KEYED_TABLES_VERSION,
+    THREAD_SEQ_VERSION,
     Migration,
 )
 
@@ -44,6 +45,7 @@ RELEASED = {
     ERASABLE_VERSION: "b4486267e2fce49513235fbb8a14d5843c4ee80a2389b9ccf273bce20d52a51f",
     HOSTS_ADD_UP_VERSION: "42a82076515191e478a4165c6b3bf422f65cd3aa84bad776688595cd64cd11e2",
     KEYED_TABLES_VERSION: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
+    THREAD_SEQ_VERSION: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
 }
 
 _ANY = re.compile(r"CHECK \(\((\w+) = ANY \(ARRAY\[([^\]]*)\]\)\)\)")
@@ -169,7 +171,7 @@ def test_migrating_again_applies_nothing_and_a_newer_store_is_refused(
     postgres: Database,  # noqa: F811
 ) -> None:
     names = [m.name for m in MIGRATIONS]
-    assert names[-1] == "keyed-tables"
+    assert names[-1] == "thread-seq"
     assert pg_migrate(postgres.uri, postgres.password) == names
     assert pg_migrate(postgres.uri, postgres.password) == []
     with connect(postgres.uri, postgres.password) as conn:

@@ -26,7 +26,12 @@ from masd.core import kinds
 from masd.core.engine import Status, Thread
 from masd.core.status import MACHINE
 from masd.store import MIGRATIONS, migrate
-from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, KEYED_TABLES_VERSION
+from masd.store.schema import (
+    ERASABLE_VERSION,
+    HOSTS_ADD_UP_VERSION,
+    KEYED_TABLES_VERSION,
+    THREAD_SEQ_VERSION,
+)
 
 EXPECTED = Path(__file__).parent / "expected_schema.sql"
 
@@ -40,6 +45,7 @@ RELEASED = {
     ERASABLE_VERSION: "2c9e91c474044cdb61d3108ee3eb8f4872b140624ae972669aff14776bef3302",
     HOSTS_ADD_UP_VERSION: "e004ebd5b5532a4b85984a62f8ad48a81aa3460c1ca07701f386135d72cdecf5",
     KEYED_TABLES_VERSION: "7865e1f6fd6b0207b7812d1db8b493a564c7cb5b249e42d61d44b64684353aa2",
+    THREAD_SEQ_VERSION: "c728f9fcee7198b8b11245fdb10c6318fa7ce79f23a3fb1d45cb9f11e3a06c1d",
 }
 
 _CHECK_IN = re.compile(r"CHECK \((\w+) IN \(([^)]*)\)\)")

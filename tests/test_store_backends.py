@@ -13,12 +13,13 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from support.postgres import postgres, postgres_server  # noqa: F401
 
 from masd.core.engine import CaseView
+from masd.core.errors import MasdError
 from masd.store import (
     Store,
     StoreError,
@@ -35,7 +36,7 @@ from masd.store import (
 from masd.store.handoffs import NewHandoff, NewStatus
 from masd.store.outbox import NewRow
 from masd.store.pg_backend import PgStore
-from masd.store.sql import Tx, value
+from masd.store.sql import Tx, run, value
 from masd.store.thread import append_thread
 
 Backend = Store | PgStore
@@ -89,6 +90,41 @@ def test_cases_ids_and_threads(backend: Backend) -> None:
     )
     assert [c.key for c in listed] == ["k1"]
     assert [c["key"] for c in _r(backend, lambda tx: reads.latest_cases(tx, 5, None))] == ["k1"]
+
+
+def test_a_thread_entry_is_one_statement_and_no_seq_is_given_twice(backend: Backend) -> None:
+    _w(backend, lambda tx: cases.create(tx, _view("k1"), 10.0))
+    said: list[str] = []
+
+    def counted(tx: Tx) -> None:
+        sqlite = not isinstance(backend, PgStore)
+        if sqlite:
+            cast(Any, tx).conn.set_trace_callback(said.append)
+        try:
+            append_thread(tx, "k1", "mail.in", {"n": 1}, at=11.0)
+        finally:
+            if sqlite:
+                cast(Any, tx).conn.set_trace_callback(None)
+
+    _w(backend, counted)
+    if not isinstance(backend, PgStore):
+        # SQLite traces a statement again as each trigger program of it begins.
+        assert len(set(said)) == 1, said  # the trigger keeps cases.thread_seq (migration 8)
+        assert said[0].startswith("INSERT INTO thread"), said
+        with pytest.raises(MasdError, match="no case 'k2'") as refused:
+            _w(backend, lambda tx: append_thread(tx, "k2", "mail.in", {}, at=11.0))
+        assert refused.value.code == "unknown-case"
+    # An entry written with a seq of its own (a copied store, an erased case's last entry):
+    # the case's counter follows a higher one and never goes back for a lower one.
+    insert = (
+        "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, 'status', 12.0, '{}')"
+    )
+    _w(backend, lambda tx: run(tx, insert, ("k1", 5)))
+    if not isinstance(backend, PgStore):  # PostgreSQL's entries are only ever appended
+        _w(backend, lambda tx: run(tx, insert, ("k1", 3)))
+        _w(backend, lambda tx: append_thread(tx, "k1", "mail.in", {"n": 6}, at=13.0))
+        seqs = _r(backend, lambda tx: [e.seq for e in entries.last_events(tx, 5, "k1")])
+        assert sorted(seqs) == [1, 3, 5, 6]
 
 
 def test_handoffs_and_deadlines(backend: Backend) -> None:

@@ -54,7 +54,7 @@ they build (``tests/expected_schema_pg.sql``).
 
 from __future__ import annotations
 
-from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, Migration
+from masd.store.schema import ERASABLE_VERSION, HOSTS_ADD_UP_VERSION, THREAD_SEQ_VERSION, Migration
 
 __all__ = [
     "BOUNCES",
@@ -356,6 +356,12 @@ KEYED_TABLES_VERSION = 7
 #: means the same on either kind.
 KEYED_TABLES = "SELECT 1"
 
+#: Migration 8, as released: nothing changes on PostgreSQL.  SQLite's migration 8 has a
+#: trigger keep ``cases.thread_seq``, so that an entry is one statement there too; here an
+#: entry already is (the case's row bumped in the insert's own ``WITH``, masd/store/thread.py),
+#: and the version is recorded so that a store's version means the same on either kind.
+THREAD_SEQ = "SELECT 1"
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
@@ -364,4 +370,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(ERASABLE_VERSION, "erasable", ERASABLE),
     Migration(HOSTS_ADD_UP_VERSION, "hosts-add-up", HOSTS_ADD_UP),
     Migration(KEYED_TABLES_VERSION, "keyed-tables", KEYED_TABLES),
+    Migration(THREAD_SEQ_VERSION, "thread-seq", THREAD_SEQ),
 )

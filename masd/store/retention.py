@@ -107,7 +107,7 @@ def erase_case(tx: Tx, key: str, at: float) -> tuple[dict[str, int], int] | None
 
 
 #: The case's address and latest ``seq``; where several hosts write, its row locked and
-#: whether this transaction may write past its latest entry (masd.store.thread._BUMP).
+#: whether this transaction may write past its latest entry (masd.store.thread._APPEND).
 _LOCK = {
     False: "SELECT address, thread_seq, 1 FROM cases WHERE key = ?",
     True: (

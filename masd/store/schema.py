@@ -436,6 +436,22 @@ ALTER TABLE idempotency_v7 RENAME TO idempotency;
 CREATE INDEX idempotency_at ON idempotency (at);
 """  # noqa: E501
 
+#: The version of the migration :data:`THREAD_SEQ` (on both backends).
+THREAD_SEQ_VERSION = 8
+
+#: Migration 8, as released: a thread entry keeps its case's ``thread_seq`` itself.  An entry
+#: is appended as one statement, its ``seq`` one past the case's (``INSERT … SELECT`` from
+#: ``cases``, masd/store/thread.py), and this trigger moves ``thread_seq`` up to it: one
+#: statement per entry instead of an ``UPDATE … RETURNING`` and an ``INSERT``.  ``MAX``:
+#: an entry written with a ``seq`` of its own (a copy of a store, an erased case's last
+#: entry) never moves the counter back, so no ``seq`` is given twice.
+THREAD_SEQ = """
+CREATE TRIGGER thread_seq_kept AFTER INSERT ON thread
+BEGIN
+    UPDATE cases SET thread_seq = MAX(thread_seq, NEW.seq) WHERE key = NEW.case_key;
+END;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial", INITIAL),
     Migration(2, "read-side", READ_SIDE),
@@ -444,4 +460,5 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(ERASABLE_VERSION, "erasable", ERASABLE),
     Migration(HOSTS_ADD_UP_VERSION, "hosts-add-up", HOSTS_ADD_UP),
     Migration(KEYED_TABLES_VERSION, "keyed-tables", KEYED_TABLES),
+    Migration(THREAD_SEQ_VERSION, "thread-seq", THREAD_SEQ),
 )

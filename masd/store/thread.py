@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from masd.core.errors import MasdError
 from masd.core.kinds import THREAD_KINDS
-from masd.store.sql import Tx, dialect, dumps, send, tuples
+from masd.store.sql import Tx, dialect, dumps, run, send, tuples
 
 
 def append_thread(
@@ -15,11 +15,12 @@ def append_thread(
     """Append one entry to a case's thread.
 
     Its per-case ``seq`` comes from ``cases.thread_seq``, bumped in the same
-    job, so seqs are 1, 2, ... per case with no gaps and no reuse.  Where
-    several hosts write it is one statement whose result is not read (sent
-    with the job's next, pipeline mode): a case that is not there fails it
-    (``seq`` cannot be null), and an entry that may not follow the case's
-    latest fails it as a race (:data:`_APPEND`).
+    job, so seqs are 1, 2, ... per case with no gaps and no reuse.  It is one
+    statement on either backend.  Where several hosts write, its result is not
+    read (sent with the job's next, pipeline mode): a case that is not there
+    fails it (``seq`` cannot be null), and an entry that may not follow the
+    case's latest fails it as a race (:data:`_APPEND`).  With one writer, the
+    entry goes in only where its case is (:data:`_APPEND_ONE`).
     """
     if kind not in THREAD_KINDS:
         raise MasdError(
@@ -28,17 +29,16 @@ def append_thread(
     if dialect(tx).lock_rows:
         send(tx, _APPEND, (case_key, case_key, kind, float(at), dumps(dict(data))))
         return
-    bumped = tuples(tx, _BUMP, (case_key,))
-    if not bumped:
+    if run(tx, _APPEND_ONE, (kind, float(at), dumps(dict(data)), case_key)) != 1:
         raise MasdError(f"no case {case_key!r} to append a {kind} entry to", code="unknown-case")
-    send(
-        tx,
-        "INSERT INTO thread (case_key, seq, kind, at, data) VALUES (?, ?, ?, ?, ?)",
-        (case_key, int(bumped[0][0]), kind, float(at), dumps(dict(data))),
-    )
 
 
-_BUMP = "UPDATE cases SET thread_seq = thread_seq + 1 WHERE key = ? RETURNING thread_seq"
+#: One writer (SQLite): the entry's ``seq`` is one past its case's, and the trigger of
+#: migration 8 (masd/store/schema.py) moves the case's ``thread_seq`` up to it.
+_APPEND_ONE = (
+    "INSERT INTO thread (case_key, seq, kind, at, data) "
+    "SELECT key, thread_seq + 1, ?, ?, ? FROM cases WHERE key = ?"
+)
 
 #: Where several hosts write: bump the case's ``seq`` and insert the entry, in one statement.
 #: A position is made from its writer's transaction id (masd/store/pg_backend.py): a job
