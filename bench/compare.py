@@ -27,9 +27,12 @@ then reads their replies, as Postfix's LMTP client does with a server that offer
 as ``make bench``'s profiles) so the two builds' profiles of one load can be
 read side by side.  The figures are printed, medians last, with the ratio working tree / REV; a
 ratio over 1 is CPU the change costs.  Each median comes with the range of its passes, and the
-ratio with the range of each round's own ratio: one that range holds 1.00 in may be noise (two
-runs of one build, nine rounds each, gave 1.01x, their passes 0.53-0.83 ms).  Nothing is
-asserted about speed.
+ratio with the range of each round's own ratio: one that range holds 1.00 in may be noise.  On
+a shared two-core machine one pass's CPU per mail can be half or twice the next pass's of the
+same build (how many jobs each commit takes varies with the scheduling of five processes on
+two cores), and the ratio of two runs' medians of the same pair differed by as much as 0.16
+(0.85x, then 1.01x); a change of a few per cent shows in counts (statements per mail, round
+trips, microbenchmarks), not here.  Nothing is asserted about speed.
 """
 
 from __future__ import annotations
@@ -57,8 +60,8 @@ from bench.run import Profiler
 
 PATHS = ("intake", "ack")
 WARM_UP = 50
-#: On a shared two-core machine one pass's CPU per mail varies by a third from the next
-#: pass of the same build; the median of nine is within a few per cent of the next nine's.
+#: On a shared two-core machine one pass's CPU per mail can be half or twice the next
+#: pass's of the same build: three rounds' medians move by a fifth, nine rounds' by less.
 ROUNDS = 9
 
 
@@ -313,7 +316,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=ROUNDS,
-        help=f"rounds of alternation (default {ROUNDS}: one pass alone varies by a third)",
+        help=f"rounds of alternation (default {ROUNDS}: one pass alone is noisy)",
     )
     ap.add_argument("--paths", default=",".join(PATHS), help="intake,ack (default both)")
     ap.add_argument("--workdir", type=Path, help="default: a new directory in /var/tmp")
