@@ -94,6 +94,8 @@ bench-smoke: $(BIN)/.installed
 
 # CPU per mail and rate of the working tree beside an older commit, alternated on the same
 # load (bench/compare.py): make bench-compare REV=0679ee1 [COMPARE_ARGS="--count 2000"].
+# COMPARE_ARGS="--instructions --rounds 1" counts instructions per mail under callgrind instead
+# (the same for the same work: a change of one per cent shows; needs valgrind).
 REV ?= HEAD
 COMPARE_ARGS ?=
 bench-compare: $(BIN)/.installed

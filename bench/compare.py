@@ -1,7 +1,7 @@
 """The working tree beside an older commit, on the same load, alternated: CPU per mail and rate.
 
     python -m bench.compare REV [--count N] [--sessions N] [--rounds N] [--paths intake,ack]
-                                [--pipelined]
+                                [--pipelined] [--instructions | --profile DIR]
     make bench-compare REV=0679ee1
 
 REV is taken out of git (``git archive``) into the work directory and run with
@@ -23,6 +23,13 @@ Paths:
 then reads their replies, as Postfix's LMTP client does with a server that offers
 ``PIPELINING``; without it, one command at a time (the figures before 2026-12-04).
 
+``--instructions``: masd runs under valgrind's callgrind, instrumented for the measured pass
+only, and each pass prints the instructions masd's threads executed per mail in user space.
+The count is the same for the same work (two runs of one build on the intake path: 2,359 and
+2,348 thousand a mail), where CPU time on a shared machine is not, so a change of one per cent
+shows; the kernel's share (system calls, context switches) is not in it.  One round is
+enough; a pass is some 30 times slower.
+
 ``--profile DIR`` records each measured pass with py-spy (the same sampling
 as ``make bench``'s profiles) so the two builds' profiles of one load can be
 read side by side.  The figures are printed, medians last, with the ratio working tree / REV; a
@@ -41,6 +48,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import tarfile
@@ -74,6 +82,7 @@ class Point:
     cpu_ms: float  # masd's CPU per mail
     system_ms: float = 0.0  # of which in the kernel
     switches: float = 0.0  # context switches of masd's threads per mail
+    instructions: float = 0.0  # under callgrind (--instructions): masd's instructions per mail
 
 
 def say(text: str) -> None:
@@ -175,11 +184,13 @@ def peers(path: str, work: Path) -> Iterator[tuple[masd.MasdSetup, acks.Relay | 
             relay.server.stop()
 
 
-def landed(setup: masd.MasdSetup, relay: acks.Relay | None, n: int) -> None:
+def landed(
+    setup: masd.MasdSetup, relay: acks.Relay | None, n: int, timeout: float | None = None
+) -> None:
     """Wait until ``n`` mails are stored and, with a relay, ``n`` acknowledgements arrived."""
-    _stored_at_least(setup.database, n)
+    _stored_at_least(setup.database, n, *([timeout] if timeout else []))
     if relay is not None:
-        _arrived_at_least(relay, n)
+        _arrived_at_least(relay, n, *([timeout] if timeout else []))
 
 
 def measure(
@@ -192,19 +203,28 @@ def measure(
     round_: int,
     profile: Path | None = None,
     pipelined: bool = False,
+    instructions: bool = False,
 ) -> Point:
-    """One build on one path: a fresh store, a warm-up, then the measured pass."""
+    """One build on one path: a fresh store, a warm-up, then the measured pass (``instructions``:
+    masd under callgrind, counting the measured pass only)."""
+    counted = work / "callgrind.out"
+    wrap = [*CALLGRIND, f"--callgrind-out-file={counted}"] if instructions else []
+    wait = INSTRUCTIONS_TIMEOUT if instructions else None
     with peers(path, work) as (setup, relay):
-        server, _ = masd.start(setup, work / "masd.log", build=build)
+        server, _ = masd.start(setup, work / "masd.log", build=build, wrap=wrap)
         try:
             authenticated = path == "ack"
             _pass(setup.lmtp_port, sessions, WARM_UP, f"warm-{round_}", authenticated, pipelined)
-            landed(setup, relay, WARM_UP)
+            landed(setup, relay, WARM_UP, wait)
             cpu, system, switched = server.cpu(), server.system(), server.switches()
+            if instructions:
+                _callgrind(server.pid, "on")
             with Profiler(profile, f"{path}-{_slug(build)}-r{round_}", server.pid):
                 tag = f"run-{round_}"
                 seconds = _pass(setup.lmtp_port, sessions, count, tag, authenticated, pipelined)
-                landed(setup, relay, WARM_UP + count)
+                landed(setup, relay, WARM_UP + count, wait)
+            if instructions:
+                _callgrind(server.pid, "off")
             cpu, system = server.cpu() - cpu, server.system() - system
             switched = server.switches() - switched
         finally:
@@ -219,7 +239,30 @@ def measure(
         1000 * cpu / count,
         1000 * system / count,
         switched / count,
+        _instructions(counted) / count if instructions else 0.0,
     )
+
+
+#: masd under callgrind, instrumented only while :func:`_callgrind` says so: it counts the
+#: instructions masd's threads execute in user space, the same for the same work whatever
+#: else the machine is doing (the kernel's share is not counted).
+CALLGRIND = ("valgrind", "--tool=callgrind", "--instr-atstart=no")
+#: Seconds to wait for a pass's mails under callgrind (some 30 times slower).
+INSTRUCTIONS_TIMEOUT = 900.0
+
+
+def _callgrind(pid: int, state: str) -> None:
+    done = subprocess.run(["callgrind_control", "-i", state, str(pid)], capture_output=True)
+    if done.returncode != 0:
+        raise BenchError(f"callgrind_control -i {state} {pid}: {done.stderr.decode().strip()}")
+
+
+def _instructions(counted: Path) -> float:
+    """The instructions callgrind counted in ``counted`` (its ``totals:`` line)."""
+    for line in counted.read_text().splitlines():
+        if line.startswith("totals:"):
+            return float(line.split()[1])
+    raise BenchError(f"{counted}: no totals line (did masd run under callgrind?)")
 
 
 def _arrived_at_least(relay: acks.Relay, n: int, timeout: float = 120) -> None:
@@ -241,6 +284,7 @@ def run(
     profile: Path | None = None,
     out: Callable[[str], None] = say,
     pipelined: bool = False,
+    instructions: bool = False,
 ) -> list[Point]:
     points: list[Point] = []
     for round_ in range(1, rounds + 1):
@@ -257,14 +301,21 @@ def run(
                     round_=round_,
                     profile=profile,
                     pipelined=pipelined,
+                    instructions=instructions,
                 )
                 points.append(p)
-                out(
-                    f"  round {round_} {path:<6} {build.name:<14} {p.rate:8.1f} mails/s"
-                    f"  {p.cpu_ms:6.3f} ms CPU/mail ({p.system_ms:5.3f} in the kernel)"
-                    f"  {p.switches:5.1f} context switches/mail"
-                )
+                out(_line(round_, path, build.name, p))
     return points
+
+
+def _line(round_: int, path: str, name: str, p: Point) -> str:
+    head = f"  round {round_} {path:<6} {name:<14}"
+    if p.instructions:  # rate and CPU under callgrind measure callgrind
+        return f"{head} {p.instructions / 1000:10.1f} k instructions/mail"
+    return (
+        f"{head} {p.rate:8.1f} mails/s  {p.cpu_ms:6.3f} ms CPU/mail"
+        f" ({p.system_ms:5.3f} in the kernel)  {p.switches:5.1f} context switches/mail"
+    )
 
 
 def _slug(build: masd.Build) -> str:
@@ -275,7 +326,9 @@ def summary(points: Sequence[Point], new: str, old: str) -> list[str]:
     """Medians per build, each with the range of its passes, then the ratio of the medians
     and the range of the ratios of the two passes of each round (taken one after the
     other, so a drift of the machine falls on both): a ratio that range holds 1.00 in
-    may be noise."""
+    may be noise.  Under callgrind, instructions per mail instead of rate and CPU."""
+    if any(p.instructions for p in points):
+        return _instruction_summary(points, new, old)
     head = f"{'path':<7} {'build':<14} {'mails/s':>9} {'ms CPU/mail':>12}  (medians; passes' range)"
     lines = [head]
     for path in dict.fromkeys(p.path for p in points):
@@ -294,6 +347,23 @@ def summary(points: Sequence[Point], new: str, old: str) -> list[str]:
             f"{path:<7} {'ratio':<14} {rate:8.2f}x {cpu_ratio:11.2f}x"
             f"  ({new} / {old}; CPU over 1.00x is CPU the change costs;"
             f" CPU ratio of each round {min(pairs):.2f}-{max(pairs):.2f}x)"
+        )
+    return lines
+
+
+def _instruction_summary(points: Sequence[Point], new: str, old: str) -> list[str]:
+    lines = [f"{'path':<7} {'build':<14} {'k instructions/mail':>20}  (medians; passes' range)"]
+    for path in dict.fromkeys(p.path for p in points):
+        med = {}
+        for name in (new, old):
+            counts = [p.instructions / 1000 for p in points if p.path == path and p.build == name]
+            med[name] = statistics.median(counts)
+            lines.append(
+                f"{path:<7} {name:<14} {med[name]:20.1f}  ({min(counts):.1f}-{max(counts):.1f})"
+            )
+        lines.append(
+            f"{path:<7} {'ratio':<14} {med[new] / med[old]:19.3f}x"
+            f"  ({new} / {old}; over 1.000x is work the change adds)"
         )
     return lines
 
@@ -326,6 +396,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the LMTP client writes MAIL, RCPT and DATA together, as Postfix's does",
     )
     ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="run masd under valgrind's callgrind and count its instructions per mail"
+        " (the same for the same work, some 30 times slower; one round is enough)",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         metavar="DIR",
@@ -337,6 +413,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.paths) - set(PATHS))
     if unknown:
         ap.error(f"--paths: {', '.join(unknown)} not one of {', '.join(PATHS)}")
+    if args.instructions and args.profile:
+        ap.error("--instructions and --profile: py-spy cannot read a process under valgrind")
     if min(args.count, args.sessions, args.rounds) < 1:
         ap.error("--count, --sessions and --rounds are at least 1")
     return args
@@ -344,6 +422,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        say("bench.compare: --instructions needs valgrind (Debian's package valgrind)")
+        return 1
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="masd-compare-", dir="/var/tmp"))
     try:
         old = older_build(args.rev, workdir)
@@ -359,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workdir=workdir / f"run-{int(time.time())}",
             profile=args.profile,
             pipelined=args.pipelined,
+            instructions=args.instructions,
         )
     except BenchError as exc:
         say(f"bench.compare: {exc}")

@@ -23,7 +23,7 @@ import socket
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,12 +148,13 @@ def start(
     variant: str = "",
     timeout: float = READY_TIMEOUT,
     build: Build | None = None,
+    wrap: Sequence[str] = (),
 ) -> tuple[Server, float]:
     """``masd serve`` as a child; returns it and the seconds from spawn to ``READY=1``.
 
     ``variant``: changes applied by :mod:`bench.masd_variant` (measuring only).
     ``build``: another source tree of masd to run (:mod:`bench.compare`); the
-    working tree's otherwise.
+    working tree's otherwise.  ``wrap``: a command that runs the interpreter (valgrind).
     """
     command = ["serve", "--config", str(setup.config)]
     python = build.python if build else PYTHON
@@ -161,6 +162,7 @@ def start(
         argv = [python, "-m", "bench.masd_variant", variant, "--", *command]
     else:
         argv = [python, "-m", "masd", *command]
+    argv = [*wrap, *argv]
     extra = build.env() if build else {}
     # The notify socket lives as long as masd: it says STOPPING=1 there too.
     tmp = tempfile.mkdtemp(prefix="masd-bn-")

@@ -8,7 +8,9 @@ the summary names both with their ratio.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +72,28 @@ def test_an_unknown_path_is_refused_with_the_known_ones() -> None:
     run = compare("HEAD", "--paths", "intake,status")
     assert run.returncode == 2
     assert "--paths: status not one of intake, ack" in run.stderr
+
+
+def test_instructions_are_counted_under_callgrind_for_the_measured_pass_only(
+    tmp_path: Path,
+) -> None:
+    if shutil.which("valgrind") is None:
+        if os.environ.get("MASD_REQUIRE_SYSTEM_TESTS"):
+            pytest.fail("valgrind is not installed (.ci/setup.d/bench.sh installs it)")
+        pytest.skip("valgrind is not installed (Debian's package valgrind)")
+    args = ["--count", "20", "--rounds", "1", "--sessions", "2", "--paths", "intake"]
+    run = compare("HEAD", "--instructions", *args, "--workdir", str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    pattern = r"round 1 intake (working tree|HEAD)\s+([\d.]+) k instructions/mail"
+    counted = re.findall(pattern, run.stdout)
+    assert sorted(name for name, _ in counted) == ["HEAD", "working tree"], run.stdout
+    # A mail is some thousands of thousands of instructions: the counter ran, and not from
+    # masd's start (its imports alone are several hundred million).
+    assert all(300 < float(k) < 30_000 for _, k in counted), run.stdout
+    assert re.search(r"intake  ratio\s+[\d.]+x", run.stdout), run.stdout
+
+
+def test_instructions_and_a_profile_are_refused_together() -> None:
+    run = compare("HEAD", "--instructions", "--profile", "/tmp/x")
+    assert run.returncode == 2
+    assert "--instructions and --profile" in run.stderr

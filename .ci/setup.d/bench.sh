@@ -4,7 +4,8 @@
 #                  "No configuration", so no system instance is set up or started)
 #   wrk            the HTTP load generator for status callbacks
 #   dovecot-lmtpd  Dovecot's LMTP, the durable C peer (the bench starts its own instance)
+#   valgrind       callgrind, for bench.compare --instructions (instructions per mail)
 # .ci/install-packages keeps services from starting at install time, so nothing is
 # left running: the bench runs private instances on loopback ports.
 set -euo pipefail
-"$(dirname "$0")/../install-packages" postfix wrk dovecot-lmtpd
+"$(dirname "$0")/../install-packages" postfix wrk dovecot-lmtpd valgrind
