@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,10 @@ from support.postgres import postgres, postgres_server  # noqa: F401
 from masd.core.engine import CaseView
 from masd.core.event import build_event
 from masd.core.trust import TrustSettings
+from masd.read import messages as read_messages
 from masd.store import Store, cases, message_reads, messages, open_store, retention
 from masd.store.pg_backend import PgStore
-from masd.store.sql import Tx
+from masd.store.sql import Tx, tuples
 from masd.store.thread import append_thread
 
 Backend = Store | PgStore
@@ -176,3 +178,51 @@ def test_scoped_events_and_cases(backend: Backend) -> None:
     _w(backend, lambda tx: retention.erase_case(tx, K1, 5.0))
     assert events(0, None, scope) == [(K3, 1), (K1, 3)]
     assert events(0, None, ["shop.example/order"]) == [(K2, 1)]
+
+
+def _event(raw: bytes, ref: str) -> Any:
+    return build_event(
+        raw,
+        mail_from="pat@example.org",
+        rcpt_to="ticket@help.example",
+        received_at="2026-09-21T10:00:00Z",
+        message_ref=ref,
+        trust=TrustSettings.of([]),
+    ).event
+
+
+def test_a_reply_text_that_is_the_whole_text_is_kept_once_and_read_back_whole(
+    backend: Backend,
+) -> None:
+    whole = _event(b"From: pat@example.org\r\nSubject: hi\r\n\r\nThe printer is on fire.\r\n", "m1")
+    quoting = _event(
+        b"From: pat@example.org\r\nSubject: Re: hi\r\n\r\nStill burning.\r\n\r\n"
+        b"On Mon, 1 Jan 2026, Ann wrote:\r\n> Is it out?\r\n",
+        "m2",
+    )
+    assert whole.reply_text == whole.text
+    assert quoting.reply_text == "Still burning."
+    _case(backend, "k1", "help.example", "ticket", 1.0)
+    opened = ("i1", "help.example", "ticket", "m1", None, 2.0)
+    _w(backend, lambda tx: messages.open_intake(tx, *opened))
+
+    def job(tx: Tx) -> None:
+        for ev, intake in ((whole, "i1"), (quoting, None)):
+            raw = ev.text.encode()
+            sha, dedupe = hashlib.sha256(raw).hexdigest(), f"d-{ev.message_ref}"
+            messages.record(tx, ev, raw, sha, 5.0, dedupe=dedupe, case_key="k1", intake_ref=intake)
+
+    _w(backend, job)
+    stored = dict(_r(backend, lambda tx: tuples(tx, "SELECT message_ref, event FROM messages")))
+    assert json.loads(stored["m1"])["reply_text"] == ""  # the text is not kept twice
+    assert json.loads(stored["m2"])["reply_text"] == "Still burning."
+    # Every reader gets the event as masd sends it.
+    for ev in (whole, quoting):
+        sender = _r(backend, partial(messages.on_case, case_key="k1", message_ref=ev.message_ref))
+        assert sender.event == ev.to_json()
+        read = _r(backend, partial(read_messages.message, message_ref=ev.message_ref))
+        assert read.event == ev.to_json()
+    found = _r(backend, lambda tx: messages.intake(tx, "i1"))
+    assert found.view.event == whole.to_json()
+    latest = _r(backend, lambda tx: messages.latest_from(tx, "k1", "pat@example.org"))
+    assert latest.event in (whole.to_json(), quoting.to_json())

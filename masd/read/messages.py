@@ -7,7 +7,6 @@ and of its attachments are :mod:`masd.read.message_bytes`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -17,6 +16,7 @@ from masd.core.times import rfc3339
 from masd.read.access import Owned
 from masd.store import Tx
 from masd.store import message_reads as reads
+from masd.store.messages import event_of
 
 #: ``limit`` of a page of intakes: default and largest.
 DEFAULT_INTAKES: Final = 100
@@ -60,7 +60,7 @@ def message(tx: Tx, message_ref: str) -> Message | None:
             "received_at": rfc3339(row["received_at"]),
             "size": row["size"],
             "sha256": row["sha256"],
-            "event": with_reply_text(json.loads(row["event"])),
+            "event": with_reply_text(event_of(row["event"])),
         }
     }
     return Message(Owned(row["domain"] or "", row["type"] or ""), doc)

@@ -23,6 +23,26 @@ _INSERT_BOUND: Final = _INSERT.format("?")
 _INSERT_ZEROBLOB: Final = _INSERT.format("zeroblob(?)")
 
 
+def stored_event(ev: GatewayEvent) -> str:
+    """``ev`` as its ``messages`` row keeps it: its ``reply_text`` left empty where it is
+    the whole ``text`` (the sender's own words are all of it, as in most mail that opens
+    a case), so the text is not kept twice.  An event never has an empty ``reply_text``
+    beside a text (masd.core.event), so :func:`event_of` tells the two apart."""
+    data = ev.to_json()
+    if data["text"] and data["reply_text"] == data["text"]:
+        data["reply_text"] = ""
+    return dumps(data)
+
+
+def event_of(stored: str | bytes) -> dict[str, Any]:
+    """The event a ``messages`` row keeps (:func:`stored_event`), as masd sends it.  One
+    recorded before ``reply_text`` existed has none (masd.read.messages gives it one)."""
+    data: dict[str, Any] = json.loads(stored)
+    if data.get("reply_text") == "" and data.get("text"):
+        data["reply_text"] = data["text"]
+    return data
+
+
 def record(
     tx: Tx,
     ev: GatewayEvent,
@@ -53,7 +73,7 @@ def record(
         ev.from_address,
         sha256,
         len(raw),
-        dumps(ev.to_json()),
+        stored_event(ev),
         now,
         raw,
     ]
@@ -143,7 +163,7 @@ class Sender:
 def _sender(row: dict[str, Any] | None) -> Sender | None:
     if row is None:
         return None
-    return Sender(row["message_ref"], row["from_address"] or "", json.loads(row["event"]))
+    return Sender(row["message_ref"], row["from_address"] or "", event_of(row["event"]))
 
 
 def on_case(tx: Tx, case_key: str, message_ref: str) -> Sender | None:
@@ -228,7 +248,7 @@ def intake(tx: Tx, intake_ref: str) -> Intake | None:
         case_key=row["case_key"],
         message_ref=row["message_ref"],
         from_address=row["from_address"],
-        event=json.loads(row["event"]),
+        event=event_of(row["event"]),
     )
     return Intake(view, row["mail_from"], row["rcpt_to"])
 
