@@ -184,6 +184,9 @@ _ENDS: Final = frozenset(":：-")
 _QUOTED: Final = re.compile(r"^[ \t]*>")
 _CONTINUED: Final = re.compile(rf"^\s*>\s*(?:(?:{_VERBS})\s*)?[:：]\s*$", re.I)
 _WORD: Final = re.compile(r"\w")
+#: what each cut of :func:`_cut_all` needs in its line: a separator's first character, a
+#: forward intro's or an attribution's last (:data:`_ENDS`), a header block's colon
+_MARKS: Final = ("-", "=", "_", ":", "：")
 
 
 def has_words(text: str) -> bool:
@@ -246,27 +249,65 @@ def _cut_all(lines: list[str], from_html: bool) -> int:
     goes too).  One above every own word (a mail that opens with a header
     block) is no cut: it is not "from the sender's last own line on"."""
     words = False
-    for i, line in enumerate(lines):
+    marks = _Marks(lines)
+    i = 0
+    while i < len(lines):
+        line = lines[i]
         # Cheap tests first: this runs on every line of every mail received.
         head = line.lstrip(" \t*")[:1]
-        if not head or head == ">":
-            continue
-        colon = ":" in line or "：" in line
-        end = line.rstrip()[-1:]
-        if (
-            (head in "-=_" and _is_separator(line))
-            or (end in _ENDS and len(line) <= _MAX_INTRO and _FORWARD_INTRO.match(line))
-            or (colon and _header_block(lines, i))
-        ):
-            if words:
-                return _above_rule(lines, i)
-            continue  # a marker is nobody's own words
-        if not from_html and end in _ENDS and _unmarked_attribution(lines, i):
-            start = _attribution_start(lines, i, strong=True) or 0
-            if any(has_words(x) for x in lines[:start]):
-                return start
-        words = words or has_words(line)
+        if head and head != ">":
+            colon = ":" in line or "：" in line
+            end = line.rstrip()[-1:]
+            if (
+                (head in "-=_" and _is_separator(line))
+                or (end in _ENDS and len(line) <= _MAX_INTRO and _FORWARD_INTRO.match(line))
+                or (colon and _header_block(lines, i))
+            ):
+                if words:
+                    return _above_rule(lines, i)
+                i += 1
+                continue  # a marker is nobody's own words
+            if not from_html and end in _ENDS and _unmarked_attribution(lines, i):
+                start = _attribution_start(lines, i, strong=True) or 0
+                if any(has_words(x) for x in lines[:start]):
+                    return start
+            words = words or has_words(line)
+        # Once the sender's words began, a line holding none of the marks changes nothing:
+        # every cut above needs one in its own line.
+        i = marks.next_marked(i + 1) if words else i + 1
     return len(lines)
+
+
+class _Marks:
+    """Where the lines that hold one of :data:`_MARKS` are, found in the joined text (a
+    search in C per such line, not a test in Python per line)."""
+
+    __slots__ = ("_at", "_line", "_lines", "_text")
+
+    def __init__(self, lines: list[str]) -> None:
+        self._lines = lines
+        self._text: str | None = None
+        self._line, self._at = 0, 0  # a line and the offset of its start in _text
+
+    def next_marked(self, i: int) -> int:
+        """The first line from ``i`` on holding a mark (``len(lines)``: none)."""
+        if self._text is None:
+            self._text = "\n".join(self._lines)
+        text = self._text
+        at = self._start(i)
+        found = [p for p in (text.find(m, at) for m in _MARKS) if p >= 0]
+        if not found:
+            return len(self._lines)
+        p = min(found)
+        self._line, self._at = i + text.count("\n", at, p), text.rfind("\n", 0, p) + 1
+        return self._line
+
+    def _start(self, i: int) -> int:
+        """The offset of line ``i`` (at or past the last line found)."""
+        while self._line < i:
+            self._at += len(self._lines[self._line]) + 1
+            self._line += 1
+        return self._at
 
 
 def _is_separator(line: str) -> bool:
