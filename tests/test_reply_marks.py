@@ -1,25 +1,15 @@
 """masd.core.reply._cut_all skips, in C, the lines that hold none of the marks a cut needs;
-here it is held to the plain walk over every line it replaced, on texts made of the lines
-the rules look for."""
+here it is held to the same rules walked over every line (the skip turned off), on texts made
+of the lines the rules look for."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from masd.core import reply
-from masd.core.reply import (
-    _ENDS,
-    _FORWARD_INTRO,
-    _MAX_INTRO,
-    _above_rule,
-    _attribution_start,
-    _cut_all,
-    _header_block,
-    _is_separator,
-    _unmarked_attribution,
-    has_words,
-)
+from masd.core.reply import _ENDS, _cut_all
 
 #: lines the rules act on, plain words, and lines holding a mark by chance
 LINES = (
@@ -34,28 +24,10 @@ LINES = (
 
 
 def walk(lines: list[str], from_html: bool) -> int:
-    """_cut_all as it was: every line tested in Python."""
-    words = False
-    for i, line in enumerate(lines):
-        head = line.lstrip(" \t*")[:1]
-        if not head or head == ">":
-            continue
-        colon = ":" in line or "：" in line
-        end = line.rstrip()[-1:]
-        if (
-            (head in "-=_" and _is_separator(line))
-            or (end in _ENDS and len(line) <= _MAX_INTRO and _FORWARD_INTRO.match(line))
-            or (colon and _header_block(lines, i))
-        ):
-            if words:
-                return _above_rule(lines, i)
-            continue
-        if not from_html and end in _ENDS and _unmarked_attribution(lines, i):
-            start = _attribution_start(lines, i, strong=True) or 0
-            if any(has_words(x) for x in lines[:start]):
-                return start
-        words = words or has_words(line)
-    return len(lines)
+    """_cut_all with every line tested in Python (no line skipped)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reply._Marks, "next_marked", lambda _self, i: i)
+        return _cut_all(lines, from_html)
 
 
 @settings(max_examples=3000, deadline=None)
@@ -65,6 +37,12 @@ def walk(lines: list[str], from_html: bool) -> int:
 )
 def test_the_skip_finds_what_the_walk_finds(lines: list[str], from_html: bool) -> None:
     assert _cut_all(lines, from_html) == walk(lines, from_html)
+
+
+def test_the_walk_visits_every_line() -> None:
+    # A cut found only on the line after a run of unmarked ones: the walk must reach it too.
+    lines = ["words", "more words", "plain", "-----Original Message-----", "From: x"]
+    assert walk(lines, False) == _cut_all(lines, False) == 3
 
 
 def test_a_mark_in_every_kind_of_cut() -> None:

@@ -57,14 +57,7 @@ def _case(store: Backend, key: str, domain: str, type_: str, at: float) -> None:
 
 
 def _record(store: Backend, ref: str, *, intake: tuple[str, str, str, float] | None) -> None:
-    ev = build_event(
-        RAW,
-        mail_from="pat@example.org",
-        rcpt_to="ticket@help.example",
-        received_at="2026-09-21T10:00:00Z",
-        message_ref=ref,
-        trust=TrustSettings.of([]),
-    ).event
+    ev = _event(RAW, ref)
     sha = hashlib.sha256(RAW).hexdigest()
 
     def job(tx: Tx) -> None:
