@@ -62,7 +62,13 @@ class Redactor:
 
     def __init__(self) -> None:
         self._secrets: set[str] = set()
-        self._pattern: re.Pattern[str] | None = None
+        #: the pattern and the secrets it matches, replaced together (a line may be
+        #: formatted on another thread while secrets are added)
+        self._rules: tuple[re.Pattern[str] | None, tuple[str, ...]] = (None, ())
+
+    @property
+    def _pattern(self) -> re.Pattern[str] | None:
+        return self._rules[0]
 
     def add(self, secrets: Iterable[str]) -> None:
         """Hide each of ``secrets`` (and its backslash-escaped spellings) from now on."""
@@ -72,16 +78,20 @@ class Redactor:
                 self._secrets.add(secret.replace("\\", "\\\\"))
                 self._secrets.add(secret.replace("\\", "\\\\").replace("'", "\\'"))
                 self._secrets.add(json.dumps(secret)[1:-1])
-        ordered = sorted(self._secrets, key=len, reverse=True)  # a longer one first
-        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        ordered = tuple(sorted(self._secrets, key=len, reverse=True))  # a longer one first
+        pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        self._rules = (pattern, ordered)
 
     def clear(self) -> None:
         self._secrets.clear()
-        self._pattern = None
+        self._rules = (None, ())
 
     def __call__(self, text: str) -> str:
-        if self._pattern is not None:
-            text = self._pattern.sub(REDACTED, text)
+        pattern, hidden = self._rules
+        # A search for each secret (in C) is cheaper than the pattern's scan of the line,
+        # and most lines hold none.
+        if pattern is not None and any(secret in text for secret in hidden):
+            text = pattern.sub(REDACTED, text)
         lowered = text.lower()  # the patterns are slow; most lines need neither
         if "authorization" in lowered:
             text = _AUTHORIZATION.sub(lambda m: m.group(1) + REDACTED, text)
@@ -106,7 +116,8 @@ def shown(value: object) -> object:
 def scrub(text: str, *, escape: bool = True, keep_lines: bool = False) -> str:
     """``text`` with control characters escaped (unless ``escape`` is false: JSON
     escapes them itself) and secrets redacted; ``keep_lines`` keeps LF."""
-    if escape:
+    # Printable ASCII holds none of them (both tests are quicker than the pattern's scan).
+    if escape and not (text.isascii() and text.isprintable()):
         text = (_UNSAFE_BUT_LF if keep_lines else _UNSAFE).sub(_escaped, text)
     return REDACT(text)
 

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ed25519
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.keys import pem
 from support.ticket import write_ticket_config
 
+from masd import logs
 from masd.config.model import Dkim
 from masd.logs import (
     FORMAT,
@@ -96,6 +99,28 @@ def secret() -> Iterator[str]:
 )
 def test_scrub_redacts_secrets_and_escapes_control_characters(raw: str, shown: str) -> None:
     assert scrub(raw) == shown
+
+
+#: pieces of log lines: plain words, the secrets, control and separator characters, a byte
+#: that was not UTF-8, and the words the credential rules look for
+_PIECES = (
+    "rcpt=ticket@help.example", " ", "key=x", SECRET, SECRET[:9], "back\\slash\\'quote",
+    "back\\slash'quote", "\n", "\r", "\x00", "\x1b", "\x7f", "\x85", "\u2028", "\udcff",
+    "Authorization: ", "Bearer ", "basic", "ünï", "'",
+)  # fmt: skip
+
+
+@pytest.mark.usefixtures("secret")
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join), st.booleans())
+def test_the_quick_tests_skip_only_lines_the_patterns_leave_alone(
+    text: str, keep_lines: bool
+) -> None:
+    # scrub tests a line cheaply before each of its patterns; the patterns alone must agree.
+    unsafe = logs._UNSAFE_BUT_LF if keep_lines else logs._UNSAFE
+    assert REDACT._pattern is not None
+    whole = REDACT(REDACT._pattern.sub(logs.REDACTED, unsafe.sub(logs._escaped, text)))
+    assert scrub(text, keep_lines=keep_lines) == whole
 
 
 def _exc_record(msg: str) -> logging.LogRecord:
