@@ -66,10 +66,6 @@ class Redactor:
         #: formatted on another thread while secrets are added)
         self._rules: tuple[re.Pattern[str] | None, tuple[str, ...]] = (None, ())
 
-    @property
-    def _pattern(self) -> re.Pattern[str] | None:
-        return self._rules[0]
-
     def add(self, secrets: Iterable[str]) -> None:
         """Hide each of ``secrets`` (and its backslash-escaped spellings) from now on."""
         for secret in secrets:
