@@ -71,6 +71,9 @@ WARM_UP = 50
 #: On a shared two-core machine one pass's CPU per mail can be half or twice the next
 #: pass's of the same build: three rounds' medians move by a fifth, nine rounds' by less.
 ROUNDS = 9
+#: Seconds a pass's mails may take to be stored, and their acknowledgements to arrive.
+STORED_TIMEOUT = 60.0
+ARRIVED_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def _which(build: masd.Build) -> str:
     return out
 
 
-def _stored_at_least(database: Path, n: int, timeout: float = 60) -> None:
+def _stored_at_least(database: Path, n: int, timeout: float = STORED_TIMEOUT) -> None:
     until = time.monotonic() + timeout
     while masd.counts(database)["messages"] < n:
         if time.monotonic() > until:
@@ -187,10 +190,12 @@ def peers(path: str, work: Path) -> Iterator[tuple[masd.MasdSetup, acks.Relay | 
 def landed(
     setup: masd.MasdSetup, relay: acks.Relay | None, n: int, timeout: float | None = None
 ) -> None:
-    """Wait until ``n`` mails are stored and, with a relay, ``n`` acknowledgements arrived."""
-    _stored_at_least(setup.database, n, *([timeout] if timeout else []))
+    """Wait until ``n`` mails are stored and, with a relay, ``n`` acknowledgements arrived
+    (``timeout``: seconds for each, instead of :data:`STORED_TIMEOUT` and
+    :data:`ARRIVED_TIMEOUT`)."""
+    _stored_at_least(setup.database, n, timeout or STORED_TIMEOUT)
     if relay is not None:
-        _arrived_at_least(relay, n, *([timeout] if timeout else []))
+        _arrived_at_least(relay, n, timeout or ARRIVED_TIMEOUT)
 
 
 def measure(
@@ -265,7 +270,7 @@ def _instructions(counted: Path) -> float:
     raise BenchError(f"{counted}: no totals line (did masd run under callgrind?)")
 
 
-def _arrived_at_least(relay: acks.Relay, n: int, timeout: float = 120) -> None:
+def _arrived_at_least(relay: acks.Relay, n: int, timeout: float = ARRIVED_TIMEOUT) -> None:
     until = time.monotonic() + timeout
     while len(acks.arrivals(relay.arrivals)) < n:
         if time.monotonic() > until:
