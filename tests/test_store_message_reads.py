@@ -23,7 +23,7 @@ from masd.core.trust import TrustSettings
 from masd.read import messages as read_messages
 from masd.store import Store, cases, message_reads, messages, open_store, retention
 from masd.store.pg_backend import PgStore
-from masd.store.sql import Tx, tuples
+from masd.store.sql import Tx, send, tuples
 from masd.store.thread import append_thread
 
 Backend = Store | PgStore
@@ -219,3 +219,33 @@ def test_a_reply_text_that_is_the_whole_text_is_kept_once_and_read_back_whole(
     assert found.view.event == whole.to_json()
     latest = _r(backend, lambda tx: messages.latest_from(tx, "k1", "pat@example.org"))
     assert latest.event in (whole.to_json(), quoting.to_json())
+
+
+def test_an_event_recorded_before_reply_text_existed_gets_it_from_its_text_for_every_reader(
+    backend: Backend,
+) -> None:
+    quoting = _event(
+        b"From: pat@example.org\r\nSubject: Re: hi\r\n\r\nStill burning.\r\n\r\n"
+        b"On Mon, 1 Jan 2026, Ann wrote:\r\n> Is it out?\r\n",
+        "m3",
+    )
+    _case(backend, "k1", "help.example", "ticket", 1.0)
+    _w(backend, lambda tx: messages.open_intake(tx, "i3", "help.example", "ticket", "m3", None, 2))
+    old = quoting.to_json()
+    del old["reply_text"]  # as a row written before the field existed keeps it
+
+    def job(tx: Tx) -> None:
+        raw = quoting.text.encode()
+        sha = hashlib.sha256(raw).hexdigest()
+        messages.record(tx, quoting, raw, sha, 5.0, dedupe="d-m3", case_key="k1", intake_ref="i3")
+        send(tx, "UPDATE messages SET event = ? WHERE message_ref = ?", (json.dumps(old), "m3"))
+
+    _w(backend, job)
+    stored = dict(_r(backend, lambda tx: tuples(tx, "SELECT message_ref, event FROM messages")))
+    assert "reply_text" not in json.loads(stored["m3"])
+    sender = _r(backend, partial(messages.on_case, case_key="k1", message_ref="m3"))
+    read = _r(backend, partial(read_messages.message, message_ref="m3"))
+    found = _r(backend, lambda tx: messages.intake(tx, "i3"))
+    for event in (sender.event, read.event, found.view.event):
+        assert event == quoting.to_json()
+        assert event["reply_text"] == "Still burning."

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from masd.core.reply import reply_text
 from masd.core.times import rfc3339
 from masd.read.access import Owned
 from masd.store import Tx
@@ -38,14 +37,6 @@ class Message:
         return event
 
 
-def with_reply_text(event: dict[str, Any]) -> dict[str, Any]:
-    """``event`` with its ``reply_text``: one recorded before the field existed gets
-    it from its text (the plain-text rules of :mod:`masd.core.reply`)."""
-    if "reply_text" not in event and isinstance(event.get("text"), str):
-        event["reply_text"] = reply_text(event["text"])
-    return event
-
-
 def message(tx: Tx, message_ref: str) -> Message | None:
     """``{"message": {...}}`` for ``message_ref``, with its owner; None if no such message."""
     row = reads.message(tx, message_ref)
@@ -60,7 +51,7 @@ def message(tx: Tx, message_ref: str) -> Message | None:
             "received_at": rfc3339(row["received_at"]),
             "size": row["size"],
             "sha256": row["sha256"],
-            "event": with_reply_text(event_of(row["event"])),
+            "event": event_of(row["event"]),
         }
     }
     return Message(Owned(row["domain"] or "", row["type"] or ""), doc)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from masd.core.event import GatewayEvent
+from masd.core.reply import reply_text
 from masd.core.slave import IntakeView
 from masd.store.backend import SQLITE, Dialect, Raced
 from masd.store.sql import Tx, dialect, dumps, one, rerun, send, tuples, value
@@ -35,11 +36,17 @@ def stored_event(ev: GatewayEvent) -> str:
 
 
 def event_of(stored: str | bytes) -> dict[str, Any]:
-    """The event a ``messages`` row keeps (:func:`stored_event`), as masd sends it.  One
-    recorded before ``reply_text`` existed has none (masd.read.messages gives it one)."""
+    """The event a ``messages`` row keeps (:func:`stored_event`), as masd sends it, to every
+    reader: the read API and console, a master's ``case.message``, a reply's sender.  One
+    recorded before ``reply_text`` existed gets it from its text (the plain-text rules of
+    :mod:`masd.core.reply`)."""
     data: dict[str, Any] = json.loads(stored)
-    if data.get("reply_text") == "" and data.get("text"):
-        data["reply_text"] = data["text"]
+    text = data.get("text")
+    if "reply_text" not in data:
+        if isinstance(text, str):
+            data["reply_text"] = reply_text(text)
+    elif data["reply_text"] == "" and text:
+        data["reply_text"] = text
     return data
 
 
