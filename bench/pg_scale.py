@@ -234,7 +234,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench.pg_scale", description=__doc__.splitlines()[0]
     )
-    p.add_argument("--mails", type=int, default=600, help="mails per row (default 600)")
+    p.add_argument("--mails", type=int, default=2000, help="mails per row (default 2000)")
     p.add_argument(
         "--delay", type=float, default=1.0, help="ms the proxy holds each packet (default 1)"
     )

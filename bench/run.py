@@ -1430,7 +1430,8 @@ def bench_pgscale(report: Report) -> None:
     if find_bindir() is None:
         report.notes.append("pgscale: not measured, PostgreSQL is not installed (postgresql).")
         return
-    mails = max(10, report.options.count // 40)
+    # Rows of a few seconds: their ratios are the targets', and a short row is mostly noise.
+    mails = max(10, min(2000, report.options.count * 2 // 5))
     say(f"pgscale: {mails} mails per row")
     report.pgscale = pg_scale.run(["--mails", str(mails)])
 
